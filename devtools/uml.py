@@ -1,0 +1,179 @@
+"""Boot User-Mode Linux with the host filesystem as root and run one command against real LVM.
+
+The guest sees the host's files (hostfs), gets file-backed disks (``/dev/ubdb`` ...), loads the
+device-mapper modules and uses an LVM config without udev. The command's output goes to the
+guest console, which is this process's stdout (or a file); its exit status comes back through
+a file on the shared filesystem.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+KERNEL = "linux.uml"
+REPO = Path(__file__).resolve().parent.parent
+MODULES = Path("/usr/lib/uml/modules")
+DISK_LETTERS = "bcdefgh"  # ubda is left unused
+
+LVM_CONF = """\
+activation { udev_sync = 0 udev_rules = 0 monitoring = 0 }
+devices {
+  obtain_device_list_from_udev = 0
+  use_devicesfile = 0
+  filter = [ "a|^/dev/ubd|", "r|.*|" ]
+}
+backup { backup = 0 archive = 0 }
+global { locking_dir = "/run/lock/lvm" }
+log { verbose = 0 }
+"""
+
+INIT = """\
+#!/bin/sh
+# PID 1 inside User-Mode Linux.
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t tmpfs -o mode=0755 tmpfs /run
+mount -t tmpfs -o mode=1777 tmpfs /tmp
+ip link set lo up
+mkdir -p /lib/modules /run/lock/lvm /run/lvm
+mount --bind {modules} /lib/modules
+for m in dm-mod dm-thin-pool dm-snapshot; do modprobe $m || echo "modprobe $m failed"; done
+mkdir -p /run/lvm-conf
+cp {lvm_conf} /run/lvm-conf/lvm.conf
+export LVM_SYSTEM_DIR=/run/lvm-conf
+{env}
+cd {cwd}
+{command} {redirect}
+echo $? > {rc_file}
+sync
+poweroff -f
+"""
+
+
+class UmlError(RuntimeError):
+    """UML could not be booted or did not report an exit status."""
+
+
+@dataclass
+class UmlResult:
+    returncode: int
+    console: str  # kernel + command output when captured
+
+
+def available() -> str | None:
+    """None if UML can run here, else the reason."""
+    if shutil.which(KERNEL) is None:
+        return f"{KERNEL} not found (apt-get install user-mode-linux)"
+    if not MODULES.is_dir():
+        return f"{MODULES} missing (user-mode-linux package incomplete)"
+    return None
+
+
+def disk_devices(count: int) -> list[str]:
+    return [f"/dev/ubd{DISK_LETTERS[i]}" for i in range(count)]
+
+
+def run(
+    command: Sequence[str],
+    *,
+    disks: Sequence[int] = (16 << 30,) * 4,
+    mem_mb: int = 2048,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    timeout: float = 1800,
+    capture: bool = False,
+    workdir: str | os.PathLike[str] | None = None,
+) -> UmlResult:
+    """Boot UML, run ``command`` as root inside it, power off; return its exit status.
+
+    ``disks`` are sizes in bytes of fresh sparse files attached as /dev/ubdb, /dev/ubdc, ...
+    The guest environment is ``env`` plus PATH, HOME, LANG, TOPOLVM_UML_DISKS.
+    """
+    reason = available()
+    if reason:
+        raise UmlError(reason)
+    if len(disks) > len(DISK_LETTERS):
+        raise UmlError(f"at most {len(DISK_LETTERS)} disks")
+    # Files the guest must see live on the host disk: the guest mounts its own /tmp, /run, /dev.
+    shared_root = Path(workdir) if workdir else REPO / ".uml"
+    shared_root.mkdir(parents=True, exist_ok=True)
+    fast = "/dev/shm" if os.path.isdir("/dev/shm") else None  # memory + disk images (host side)
+    with (
+        tempfile.TemporaryDirectory(prefix="run-", dir=shared_root) as tmp,
+        tempfile.TemporaryDirectory(prefix="topolvm-uml-", dir=fast) as fast_tmp,
+    ):
+        base = Path(tmp)
+        args = [KERNEL, f"mem={mem_mb}M", "root=/dev/root", "rootfstype=hostfs", "rw", "quiet", "loglevel=1"]
+        for i, size in enumerate(disks):
+            img = Path(fast_tmp) / f"disk{i}.img"
+            with img.open("wb") as f:
+                f.truncate(size)
+            args.append(f"ubd{DISK_LETTERS[i]}={img}")
+        (base / "lvm.conf").write_text(LVM_CONF)
+        guest_env = {
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": "/root",
+            "LANG": "C.UTF-8",
+            "TOPOLVM_IN_UML": "1",
+            "TOPOLVM_UML_DISKS": " ".join(disk_devices(len(disks))),
+            **(env or {}),
+        }
+        log_file = base / "console.log"
+        rc_file = base / "rc"
+        init = base / "init.sh"
+        init.write_text(
+            INIT.format(
+                modules=shlex.quote(str(MODULES)),
+                lvm_conf=shlex.quote(str(base / "lvm.conf")),
+                env="\n".join(f"export {k}={shlex.quote(v)}" for k, v in guest_env.items()),
+                cwd=shlex.quote(str(Path(cwd or os.getcwd()).resolve())),
+                command=" ".join(shlex.quote(c) for c in command),
+                redirect=f"> {shlex.quote(str(log_file))} 2>&1" if capture else "",
+                rc_file=shlex.quote(str(rc_file)),
+            )
+        )
+        init.chmod(0o755)
+        args += [f"init={init}", "con=null", "con0=fd:0,fd:1"]
+        # UML maps its memory from a file in TMPDIR; keep that in the private temp dir.
+        host_env = dict(os.environ, TMPDIR=fast_tmp)
+        try:
+            proc = subprocess.run(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE if capture else None,
+                stderr=subprocess.STDOUT if capture else None,
+                env=host_env,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as e:
+            raise UmlError(f"UML did not finish within {timeout}s") from e
+        console = (proc.stdout or b"").decode(errors="replace") if capture else ""
+        if log_file.exists():
+            console += log_file.read_text(errors="replace")
+        if not rc_file.exists():
+            raise UmlError(
+                f"UML exited ({proc.returncode}) without the command's status; console:\n"
+                + console[-4000:]
+            )
+        return UmlResult(int(rc_file.read_text().strip() or 1), console)
+
+
+def main() -> int:
+    """``python -m devtools.uml CMD...``: run a command inside UML (for debugging)."""
+    if len(sys.argv) < 2:
+        print("usage: python -m devtools.uml COMMAND [ARG...]", file=sys.stderr)
+        return 2
+    return run(sys.argv[1:]).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""TopoLVM in Python."""

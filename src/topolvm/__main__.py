@@ -1,0 +1,3 @@
+from topolvm.cli import run
+
+run()

@@ -1,0 +1,54 @@
+"""The ``topolvm`` command: one binary, a subcommand per component (like upstream hypertopolvm)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from topolvm import logs
+from topolvm.config.errors import ConfigError
+from topolvm.lvmd import cli as lvmd_cli
+
+# Upstream's image symlinks component names to one binary; accept being called that way too.
+_ARGV0_COMMANDS = {"lvmd": "lvmd"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="topolvm", description="TopoLVM: node-local LVM volumes for Kubernetes"
+    )
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("TOPOLVM_LOG_LEVEL", "info"),
+        choices=["debug", "info", "warning", "error"],
+    )
+    parser.add_argument(
+        "--log-format",
+        default=os.environ.get("TOPOLVM_LOG_FORMAT", "json"),
+        choices=["json", "text"],
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    lvmd_cli.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    name = os.path.basename(sys.argv[0]) if argv is None else "topolvm"
+    if name in _ARGV0_COMMANDS:
+        args_in.insert(0, _ARGV0_COMMANDS[name])
+    args = build_parser().parse_args(args_in)
+    logs.setup(args.log_level, args.log_format)
+    try:
+        code: int = args.run(args)
+    except ConfigError as e:
+        print(f"topolvm {args.command}: invalid configuration:\n{e}", file=sys.stderr)
+        return 1
+    return code
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Configuration models shared by the components."""

@@ -1,0 +1,1 @@
+"""Shared LVM command layer: argv validation, command execution and JSON report parsing."""

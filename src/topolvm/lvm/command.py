@@ -1,0 +1,81 @@
+"""Running LVM commands: no shell, validated argv, LC_ALL=C, timeouts, stderr kept in errors."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from topolvm.lvm.errors import LvmError, LvmTimeout, ReportError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PREFIX = ("/usr/bin/nsenter", "-m", "-u", "-i", "-n", "-p", "-t", "1", "/sbin/lvm")
+DEFAULT_TIMEOUT = 120.0
+
+
+class LvmRunner:
+    """Executes ``<prefix> <subcommand> <args>`` and returns stdout.
+
+    The prefix comes from configuration (``lvm-command-prefix``); every other argument is built by
+    the callers from validated values. Commands are never run through a shell.
+    """
+
+    def __init__(self, prefix: Sequence[str] = DEFAULT_PREFIX, timeout: float = DEFAULT_TIMEOUT):
+        if not prefix:
+            raise ValueError("the LVM command prefix must name the lvm binary")
+        self.prefix = tuple(prefix)
+        self.timeout = timeout
+        self._env = dict(os.environ, LC_ALL="C")
+        self.calls = 0  # commands started, for diagnostics and tests
+
+    async def run(self, *args: str, timeout: float | None = None) -> str:
+        argv = [*self.prefix, *args]
+        limit = self.timeout if timeout is None else timeout
+        self.calls += 1
+        started = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=self._env,
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), limit)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            _, err = await proc.communicate()
+            raise LvmTimeout(
+                argv, None, err.decode(errors="replace"), f"timed out after {limit}s"
+            ) from None
+        except asyncio.CancelledError:
+            # The caller gave up (e.g. the RPC was cancelled): do not leave LVM running orphaned
+            # mid-way; let it finish, as LVM commands are not safe to interrupt.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(asyncio.wait_for(proc.communicate(), limit))
+            raise
+        elapsed = time.monotonic() - started
+        stderr = err.decode(errors="replace")
+        if proc.returncode != 0:
+            log.debug("lvm failed", extra={"argv": argv, "rc": proc.returncode, "secs": elapsed})
+            raise LvmError(argv, proc.returncode, stderr)
+        log.debug("lvm ok", extra={"argv": argv, "secs": round(elapsed, 4)})
+        return out.decode(errors="replace")
+
+    async def report(self, *args: str) -> dict[str, Any]:
+        """Run a reporting command with JSON output and return the decoded document."""
+        out = await self.run(*args, "--reportformat", "json", "--units", "b", "--nosuffix")
+        try:
+            doc = json.loads(out)
+        except json.JSONDecodeError as e:
+            raise ReportError(f"lvm {args[0]} printed invalid JSON: {e}: {out[:200]!r}") from e
+        if not isinstance(doc, dict):
+            raise ReportError(f"lvm {args[0]} printed JSON that is not an object")
+        return doc

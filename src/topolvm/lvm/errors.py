@@ -1,0 +1,49 @@
+"""Errors raised by the LVM command layer."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+# LVM exits with 5 (ECMD_FAILED) and says one of these when the object is missing.
+_NOT_FOUND = re.compile(r'Volume group "(.*?)" not found|Failed to find logical volume "(.*?)"')
+_NO_SPACE = re.compile(
+    r"insufficient free space|Insufficient free space|not enough free space|"
+    r"Insufficient suitable allocatable extents"
+)
+_STDERR_LIMIT = 4000
+
+
+class LvmError(Exception):
+    """A command failed (non-zero exit, timeout, or unreadable output)."""
+
+    def __init__(self, argv: Sequence[str], returncode: int | None, stderr: str, reason: str = ""):
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.stderr = stderr.strip()
+        if len(self.stderr) > _STDERR_LIMIT:
+            self.stderr = self.stderr[:_STDERR_LIMIT] + "...(truncated)"
+        self.reason = reason or f"exit status {returncode}"
+        super().__init__(f"{' '.join(self.argv)}: {self.reason}: {self.stderr}")
+
+    @property
+    def not_found(self) -> bool:
+        """True when LVM reported a missing VG or LV (exit code 5 and the known message)."""
+        return self.returncode == 5 and _NOT_FOUND.search(self.stderr) is not None
+
+    @property
+    def no_space(self) -> bool:
+        """True when LVM refused an allocation for lack of free extents."""
+        return _NO_SPACE.search(self.stderr) is not None
+
+
+class LvmTimeout(LvmError):
+    """A command did not finish within its timeout and was killed."""
+
+
+class InvalidInput(ValueError):
+    """A value that must not reach an LVM command line (name, tag, size)."""
+
+
+class ReportError(ValueError):
+    """LVM printed a report we cannot parse."""

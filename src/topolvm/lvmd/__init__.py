@@ -1,0 +1,1 @@
+"""lvmd: gRPC service that manages logical volumes of one node's volume groups."""

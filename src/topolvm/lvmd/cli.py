@@ -1,0 +1,115 @@
+"""``topolvm lvmd`` and ``topolvm lvmd health``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+import grpc
+import prometheus_client
+
+from topolvm.config.errors import ConfigError
+from topolvm.config.lvmd import LvmdConfig, load_lvmd_config
+from topolvm.lvm.command import DEFAULT_PREFIX
+from topolvm.lvm.errors import LvmError
+from topolvm.lvmd.server import Options, StartupError, health_check, serve
+
+log = logging.getLogger("topolvm.lvmd")
+DEFAULT_CONFIG = "/etc/topolvm/lvmd.yaml"
+
+
+def positive_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {value!r}")
+    return seconds
+
+
+def bind_address(value: str) -> tuple[str, int] | None:
+    """Parse ``[host]:port``; "0" or "" disables the listener."""
+    if value in ("", "0"):
+        return None
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"expected [host]:port, got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("lvmd", help="run lvmd, the gRPC service that manages LVM on this node")
+    p.add_argument("--config", default=DEFAULT_CONFIG, help="lvmd config file (YAML)")
+    p.add_argument(
+        "--lvm-path",
+        default="",
+        help="deprecated: path of the lvm binary, replaces the last element of the default "
+        "command prefix; conflicts with lvm-command-prefix in the config",
+    )
+    p.add_argument(
+        "--metrics-bind-address",
+        type=bind_address,
+        default=":8080",
+        help="host:port serving Prometheus /metrics (process metrics); '0' or '' disables",
+    )
+    p.add_argument(
+        "--refresh-interval",
+        type=positive_seconds,
+        default=60.0,
+        help="seconds between LVM state refreshes when nothing changes (default 60)",
+    )
+    p.add_argument(
+        "--command-timeout",
+        type=positive_seconds,
+        default=120.0,
+        help="seconds after which an LVM command is killed (default 120)",
+    )
+    p.set_defaults(run=run)
+    actions = p.add_subparsers(dest="action", metavar="{health}")
+    h = actions.add_parser("health", help="exit 0 if the lvmd on the configured socket is serving")
+    h.add_argument("--config", default=argparse.SUPPRESS, help="lvmd config file (YAML)")
+    h.set_defaults(run=run_health)
+
+
+def load(args: argparse.Namespace) -> LvmdConfig:
+    config = load_lvmd_config(args.config)
+    lvm_path: str = getattr(args, "lvm_path", "")
+    if lvm_path:
+        if config.lvm_command_prefix is not None:
+            raise ConfigError("cannot set both --lvm-path and lvm-command-prefix")
+        config = config.model_copy(update={"lvm_command_prefix": (*DEFAULT_PREFIX[:-1], lvm_path)})
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load(args)
+    options = Options(refresh_interval=args.refresh_interval, command_timeout=args.command_timeout)
+    if args.metrics_bind_address is not None:
+        host, port = args.metrics_bind_address
+        try:
+            prometheus_client.start_http_server(port, addr=host)
+        except OSError as e:
+            log.error(f"cannot serve metrics on {host}:{port}: {e.strerror}")
+            return 1
+    try:
+        asyncio.run(serve(config, options))
+    except (StartupError, LvmError) as e:
+        log.error(f"lvmd cannot start: {e}")
+        return 1
+    return 0
+
+
+def run_health(args: argparse.Namespace) -> int:
+    config = load(args)
+    try:
+        status = asyncio.run(health_check(config.socket_name))
+    except grpc.aio.AioRpcError as e:
+        log.error(f"lvmd does not working: {e.code().name}: {e.details()}")
+        return 1
+    if status != "SERVING":
+        log.error(f"lvmd does not working: {status}")
+        return 1
+    print(status)
+    return 0

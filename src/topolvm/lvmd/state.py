@@ -1,0 +1,131 @@
+"""The cached LVM state of the node.
+
+lvmd keeps the last ``lvm fullreport`` in memory and serves reads from it. Its own mutations
+update the cached model at once (marking it *dirty*: numbers LVM computes, such as VG free space
+after an allocation with lvcreate options, may differ); readers that need exact data call
+:meth:`LvmState.fresh`, which runs one ``fullreport`` if anything changed since the last one.
+A timer refreshes it too, so changes made outside lvmd are seen within one refresh interval and
+an idle node costs one LVM report per interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from topolvm.lvm.command import LvmRunner
+from topolvm.lvm.report import FULLREPORT_ARGS, Report, parse_report
+
+log = logging.getLogger(__name__)
+
+DEFAULT_REFRESH_INTERVAL = 60.0
+WATCH_INTERVAL = 600.0  # upstream sends a Watch message at least every 10 minutes
+
+
+class LvmState:
+    def __init__(self, runner: LvmRunner):
+        self.runner = runner
+        # Serialises lvmd's mutations with each other and with refreshes, so that a
+        # check-then-act (exists? enough space?) is atomic and no refresh overwrites a
+        # mutation's update with an older report.
+        self.lock = asyncio.Lock()
+        self._report: Report | None = None
+        self._dirty = True
+        self._subscribers: set[asyncio.Queue[None]] = set()
+        self.closing = asyncio.Event()
+        self.refreshes = 0
+
+    @property
+    def dirty(self) -> bool:
+        return self._dirty
+
+    async def _load(self) -> Report:
+        report = parse_report(await self.runner.report(*FULLREPORT_ARGS))
+        self._report = report
+        self._dirty = False
+        self.refreshes += 1
+        return report
+
+    async def current_locked(self) -> Report:
+        """The cached model, possibly dirty. The caller holds :attr:`lock`."""
+        if self._report is None:
+            return await self._load()
+        return self._report
+
+    async def reload_locked(self) -> Report:
+        """Run a fullreport now. The caller holds :attr:`lock`."""
+        return await self._load()
+
+    async def fresh(self) -> Report:
+        """An exact snapshot: refreshes first if lvmd changed anything since the last report."""
+        report = self._report
+        if report is not None and not self._dirty:
+            return report
+        async with self.lock:
+            if self._report is None or self._dirty:
+                return await self._load()
+            return self._report
+
+    async def refresh(self) -> Report:
+        """Refresh unconditionally (timer, start-up); notify watchers if anything changed."""
+        async with self.lock:
+            old = self._report
+            new = await self._load()
+        if new != old:
+            self.notify()
+        return new
+
+    def update_locked(self, report: Report) -> None:
+        """Record lvmd's own change in the model; the next exact read refreshes it."""
+        self._report = report
+        self._dirty = True
+        self.notify()
+
+    def invalidate(self) -> None:
+        self._dirty = True
+
+    # -- change notification (Watch) -------------------------------------------------------
+
+    def subscribe(self) -> asyncio.Queue[None]:
+        # One slot per subscriber: notifications that arrive while one is pending coalesce.
+        q: asyncio.Queue[None] = asyncio.Queue(maxsize=1)
+        self._subscribers.add(q)
+        return q
+
+    def unsubscribe(self, q: asyncio.Queue[None]) -> None:
+        self._subscribers.discard(q)
+
+    @property
+    def subscribers(self) -> int:
+        return len(self._subscribers)
+
+    def notify(self) -> None:
+        for q in self._subscribers:
+            if q.empty():
+                q.put_nowait(None)
+
+    def close(self) -> None:
+        """Wake every watcher so streams end (shutdown)."""
+        self.closing.set()
+        self.notify()
+
+    async def run_timer(
+        self, refresh_interval: float, watch_interval: float = WATCH_INTERVAL
+    ) -> None:
+        """Refresh every ``refresh_interval``; notify watchers at least every ``watch_interval``."""
+        last_notify = time.monotonic()
+        while not self.closing.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.closing.wait(), refresh_interval)
+            if self.closing.is_set():
+                return
+            try:
+                await self.refresh()
+            except Exception:
+                log.exception("periodic LVM refresh failed")
+                continue
+            if time.monotonic() - last_notify >= watch_interval:
+                self.notify()
+                last_notify = time.monotonic()

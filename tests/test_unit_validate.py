@@ -1,0 +1,164 @@
+"""Validation of values that end up on an LVM command line, and LVM error classification."""
+
+from __future__ import annotations
+
+import pytest
+
+from topolvm.lvm.errors import InvalidInput, LvmError
+from topolvm.lvm.validate import lv_name, size_bytes, tag
+
+# --- LV names ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "123e4567-e89b-12d3-a456-426614174000",  # LogicalVolume UID, as TopoLVM uses
+        "pvc-x_y.z+1",
+        "a",
+        "_x",
+        "+x",
+        ".x",
+        "x" * 127,
+        "my-snapshot",  # "snapshot" is only reserved as a prefix
+        "tmeta",  # only "_tmeta" is reserved
+    ],
+)
+def test_lv_name_accepts(name: str) -> None:
+    assert lv_name(name) == name
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "-rf",
+        "--help",
+        "-",
+        "../x",
+        "a/b",
+        "/dev/sda",
+        "a b",
+        " a",
+        ".",
+        "..",
+        "snapshot1",
+        "snapshot",
+        "pvmove0",
+        "x_tmeta",
+        "x_tdata",
+        "x_rimage_0",
+        "lvol0_mlog",
+        "x_cdata",
+        "x" * 128,
+        "a\nb",
+        "a\n",
+        "a\0b",
+        "a\0",
+        "a;b",
+        "$(x)",
+        "a*",
+        "é",
+    ],
+)
+def test_lv_name_rejects(name: str) -> None:
+    with pytest.raises(InvalidInput):
+        lv_name(name)
+
+
+def test_lv_name_error_says_what_was_checked() -> None:
+    with pytest.raises(InvalidInput, match="source volume"):
+        lv_name("-x", "source volume")
+
+
+def test_invalid_input_is_a_value_error() -> None:
+    with pytest.raises(ValueError):
+        lv_name("")
+
+
+# --- tags --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["k=v", "a", "a-b", "x/y:z&#!+.", "t" * 1024, "_-"])
+def test_tag_accepts(value: str) -> None:
+    assert tag(value) == value
+
+
+@pytest.mark.parametrize(
+    "value", ["-x", "", "a b", "t" * 1025, "a,b", "a\nb", "a\0", "a;b", "@x", "é"]
+)
+def test_tag_rejects(value: str) -> None:
+    with pytest.raises(InvalidInput):
+        tag(value)
+
+
+# --- sizes -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [1, 4096, 2**30, 2**63 - 1])
+def test_size_bytes_accepts(value: int) -> None:
+    assert size_bytes(value) == value
+
+
+@pytest.mark.parametrize("value", [0, -1, -(2**63), 2**63, 2**64])
+def test_size_bytes_rejects(value: int) -> None:
+    with pytest.raises(InvalidInput):
+        size_bytes(value)
+
+
+# --- LVM error classification (spec §4.1) ------------------------------------------------------
+
+VG_NOT_FOUND = '  Volume group "vg" not found\n  Cannot process volume group vg\n'
+LV_NOT_FOUND = '  Failed to find logical volume "vg/lv"\n'
+NO_SPACE = '  Volume group "vg" has insufficient free space (10 extents): 20 required.\n'
+
+
+def error(returncode: int | None, stderr: str) -> LvmError:
+    return LvmError(["lvm", "lvremove", "-f", "vg/lv"], returncode, stderr)
+
+
+@pytest.mark.parametrize(
+    ("returncode", "stderr", "expected"),
+    [
+        (5, VG_NOT_FOUND, True),
+        (5, LV_NOT_FOUND, True),
+        (5, 'Volume group "" not found', True),
+        (3, VG_NOT_FOUND, False),  # exit code must be 5
+        (1, LV_NOT_FOUND, False),
+        (None, LV_NOT_FOUND, False),  # killed / timed out
+        (5, NO_SPACE, False),
+        (5, "  Logical volume vg/lv in use.\n", False),
+        (5, "", False),
+        (5, "volume group vg not found", False),  # not the LVM wording
+    ],
+)
+def test_not_found(returncode: int | None, stderr: str, expected: bool) -> None:
+    assert error(returncode, stderr).not_found is expected
+
+
+@pytest.mark.parametrize(
+    ("stderr", "expected"),
+    [
+        (NO_SPACE, True),
+        (
+            "  Insufficient suitable allocatable extents for logical volume lv: 10 more required\n",
+            True,
+        ),
+        (VG_NOT_FOUND, False),
+        (LV_NOT_FOUND, False),
+        ("", False),
+    ],
+)
+def test_no_space(stderr: str, expected: bool) -> None:
+    assert error(5, stderr).no_space is expected
+
+
+def test_error_message_keeps_command_and_stderr() -> None:
+    err = error(5, LV_NOT_FOUND)
+    assert err.returncode == 5
+    assert err.argv == ["lvm", "lvremove", "-f", "vg/lv"]
+    assert err.stderr == 'Failed to find logical volume "vg/lv"'
+    text = str(err)
+    assert "lvremove -f vg/lv" in text
+    assert "exit status 5" in text
+    assert 'Failed to find logical volume "vg/lv"' in text

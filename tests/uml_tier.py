@@ -1,0 +1,149 @@
+"""pytest plumbing for the real-LVM tier.
+
+On the host, every test marked ``uml`` is replaced by a proxy item with the same node id. The
+first proxy to run boots User-Mode Linux once and runs pytest inside it on all proxied node ids;
+the inner run writes one JSON line per test phase, and each proxy then passes, skips or fails
+with the inner report, so failures read like ordinary test failures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devtools import uml
+
+IN_UML = os.environ.get("TOPOLVM_IN_UML") == "1"
+RESULTS_ENV = "TOPOLVM_UML_RESULTS"
+REPO = Path(__file__).resolve().parent.parent
+UML_TIMEOUT = 1500.0
+_results_key = pytest.StashKey[dict[str, list[dict[str, Any]]]]()
+_error_key = pytest.StashKey[str]()
+
+
+class UmlFailure(Exception):
+    """The test failed inside UML; the message is the inner report."""
+
+
+class UmlProxy(pytest.Item):
+    """Stands for a ``uml`` test on the host and reports its result from inside UML."""
+
+    def __init__(self, *, location: tuple[str, int | None, str], **kwargs: Any):
+        super().__init__(**kwargs)
+        self._location = location
+
+    def reportinfo(self) -> tuple[str, int | None, str]:
+        return self._location
+
+    def runtest(self) -> None:
+        results = _run_all(self.session)
+        reports = results.get(self.nodeid)
+        if not reports:
+            error = self.session.stash.get(_error_key, "")
+            raise UmlFailure(f"no result from inside UML for {self.nodeid}\n{error}")
+        failed = [r for r in reports if r["outcome"] == "failed"]
+        if failed:
+            text = "\n".join(f"[inside UML, {r['when']}]\n{r['longrepr']}" for r in failed)
+            sections = "".join(
+                f"\n----- {name} -----\n{content}"
+                for r in failed
+                for name, content in r["sections"]
+            )
+            raise UmlFailure(text + sections)
+        skipped = [r for r in reports if r["outcome"] == "skipped"]
+        if skipped:
+            pytest.skip(f"inside UML: {skipped[0]['longrepr']}")
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        if isinstance(excinfo.value, UmlFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+
+def proxy_items(items: list[pytest.Item]) -> None:
+    """Replace ``uml`` items by proxies (host side)."""
+    for i, item in enumerate(items):
+        if item.get_closest_marker("uml") is None:
+            continue
+        proxy = UmlProxy.from_parent(item.parent, name=item.name, location=item.location)
+        proxy.own_markers.extend(m for m in item.own_markers if m.name != "parametrize")
+        items[i] = proxy
+
+
+def _run_all(session: pytest.Session) -> dict[str, list[dict[str, Any]]]:
+    if _results_key in session.stash:
+        return session.stash[_results_key]
+    nodeids = [item.nodeid for item in session.items if isinstance(item, UmlProxy)]
+    results: dict[str, list[dict[str, Any]]] = {}
+    session.stash[_results_key] = results
+    reason = uml.available()
+    if reason:
+        session.stash[_error_key] = f"User-Mode Linux is not available: {reason}"
+        return results
+    (REPO / ".uml").mkdir(exist_ok=True)
+    with tempfile.NamedTemporaryFile(
+        "r", dir=REPO / ".uml", prefix="results-", suffix=".jsonl"
+    ) as out:
+        command = [
+            sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-o", "addopts=",
+            "--basetemp=/tmp/pytest-uml", *nodeids,
+        ]  # fmt: skip
+        _say(session, f"booting User-Mode Linux for {len(nodeids)} real-LVM tests")
+        try:
+            res = uml.run(
+                command, env={RESULTS_ENV: out.name}, cwd=REPO, capture=True, timeout=UML_TIMEOUT
+            )
+        except uml.UmlError as e:
+            session.stash[_error_key] = str(e)
+            res = None
+        for line in out:
+            rec = json.loads(line)
+            results.setdefault(rec["nodeid"], []).append(rec)
+    if res is not None:
+        tail = res.console.strip().splitlines()[-1:] or [""]
+        _say(session, f"UML run finished (inner pytest exit {res.returncode}): {tail[0]}")
+    if res is not None and res.returncode not in (0, 1):
+        session.stash[_error_key] = f"inner pytest exit {res.returncode}:\n{res.console[-6000:]}"
+    return results
+
+
+def _say(session: pytest.Session, line: str) -> None:
+    """Print to the terminal even while pytest captures the running test's output."""
+    terminal = session.config.pluginmanager.get_plugin("terminalreporter")
+    capman = session.config.pluginmanager.get_plugin("capturemanager")
+    if terminal is None or capman is None:
+        return
+    with capman.global_and_fixture_disabled():
+        terminal.write_line(f"\n{line}")
+
+
+def record(report: pytest.TestReport) -> None:
+    """Inside UML: append one phase's result for the host."""
+    path = os.environ.get(RESULTS_ENV)
+    if not path:
+        return
+    if report.skipped and isinstance(report.longrepr, tuple):
+        longrepr = str(report.longrepr[2])
+    else:
+        longrepr = str(report.longrepr) if report.longrepr else ""
+    rec = {
+        "nodeid": report.nodeid,
+        "when": report.when,
+        "outcome": report.outcome,
+        "longrepr": longrepr,
+        "duration": report.duration,
+        "sections": [list(s) for s in report.sections] if report.failed else [],
+    }
+    with open(path, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def guest_disks() -> Iterator[str]:
+    yield from os.environ.get("TOPOLVM_UML_DISKS", "").split()
