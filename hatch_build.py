@@ -1,4 +1,4 @@
-"""Build hook: generate the protobuf/gRPC modules (and their type stubs) from src/topolvm/proto/*.proto."""
+"""Build hook: generate protobuf/gRPC modules and type stubs from src/topolvm/proto/*.proto."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ def _script(name: str) -> str:
     """Locate a console script of a build dependency (pip puts the build env's bin on PATH)."""
     found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
     if found is None:
-        raise RuntimeError(f"{name} not found: is mypy-protobuf installed in the build environment?")
+        raise RuntimeError(
+            f"{name} not found: is mypy-protobuf installed in the build environment?"
+        )
     return found
 
 

@@ -111,7 +111,15 @@ def run(
         tempfile.TemporaryDirectory(prefix="topolvm-uml-", dir=fast) as fast_tmp,
     ):
         base = Path(tmp)
-        args = [KERNEL, f"mem={mem_mb}M", "root=/dev/root", "rootfstype=hostfs", "rw", "quiet", "loglevel=1"]
+        args = [
+            KERNEL,
+            f"mem={mem_mb}M",
+            "root=/dev/root",
+            "rootfstype=hostfs",
+            "rw",
+            "quiet",
+            "loglevel=1",
+        ]
         for i, size in enumerate(disks):
             img = Path(fast_tmp) / f"disk{i}.img"
             with img.open("wb") as f:

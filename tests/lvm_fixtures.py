@@ -85,8 +85,8 @@ def lvmd_config(socket: Path, classes: list[dict[str, Any]], **extra: Any) -> di
 class LvmdClient:
     server: LvmdServer
     channel: grpc.aio.Channel
-    lv: pb_grpc.LVServiceStub
-    vg: pb_grpc.VGServiceStub
+    lv: pb_grpc.LVServiceAsyncStub
+    vg: pb_grpc.VGServiceAsyncStub
 
 
 async def start_lvmd(raw: dict[str, Any], **options: Any) -> LvmdClient:
@@ -114,7 +114,7 @@ async def lvmd_factory(tmp_path: Path) -> AsyncIterator[Any]:
 
     yield make
     for c in started:
-        await c.channel.close()
+        await c.channel.close(None)
         await c.server.stop(grace=5)
 
 

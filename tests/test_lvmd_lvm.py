@@ -36,10 +36,17 @@ async def code_of(call: Awaitable[Any]) -> tuple[grpc.StatusCode, str]:
     return e.value.code(), e.value.details() or ""
 
 
+async def next_watch(stream: Any, timeout: float) -> pb.WatchResponse:
+    msg = await asyncio.wait_for(stream.read(), timeout)
+    assert isinstance(msg, pb.WatchResponse), f"Watch stream ended: {msg!r}"
+    return msg
+
+
 def lv_report(vg: str) -> dict[str, dict[str, str]]:
     out = lvm(
         "lvs", vg, "--reportformat", "json", "--units", "b", "--nosuffix",
-        "-o", "lv_name,lv_size,lv_attr,lv_tags,stripes,pool_lv,origin,lv_kernel_major,lv_kernel_minor",
+        "-o", "lv_name,lv_size,lv_attr,lv_tags,stripes,pool_lv,origin",
+        "-o", "+lv_kernel_major,lv_kernel_minor",
     )  # fmt: skip
     rows = json.loads(out)["report"][0]["lv"]
     return {r["lv_name"]: r for r in rows}
@@ -320,7 +327,7 @@ async def test_snapshot_errors(both: LvmdClient) -> None:
 
 async def test_watch_initial_and_after_changes(both: LvmdClient) -> None:
     stream = both.vg.Watch(pb.Empty())
-    first = await asyncio.wait_for(stream.read(), 10)
+    first = await next_watch(stream, 10)
     items = {i.device_class: i for i in first.items}
     assert set(items) == {"ssd", "thin"}
     free = vg_free("vg1")
@@ -332,10 +339,10 @@ async def test_watch_initial_and_after_changes(both: LvmdClient) -> None:
     assert items["thin"].thin_pool.metadata_percent > 0
 
     await both.lv.CreateLV(pb.CreateLVRequest(name="w", size_bytes=GiB))
-    second = await asyncio.wait_for(stream.read(), 10)
+    second = await next_watch(stream, 10)
     assert second.free_bytes == first.free_bytes - GiB
     await both.lv.CreateLV(pb.CreateLVRequest(name="wt", device_class="thin", size_bytes=GiB))
-    third = await asyncio.wait_for(stream.read(), 10)
+    third = await next_watch(stream, 10)
     assert {i.device_class: i for i in third.items}["thin"].thin_pool.overprovision_bytes == 9 * GiB
 
     # a burst of changes coalesces: fewer messages than changes, the last one exact
@@ -345,7 +352,7 @@ async def test_watch_initial_and_after_changes(both: LvmdClient) -> None:
     messages = []
     while True:
         try:
-            messages.append(await asyncio.wait_for(stream.read(), 1.0))
+            messages.append(await next_watch(stream, 1.0))
         except TimeoutError:
             break
     assert 1 <= len(messages) < 5
@@ -359,9 +366,9 @@ async def test_watch_periodic_refresh_sees_outside_changes(
     vgs.create("vg1", size_gib=8)
     client: LvmdClient = await lvmd_factory([THICK], options={"refresh_interval": 0.3})
     stream = client.vg.Watch(pb.Empty())
-    first = await asyncio.wait_for(stream.read(), 10)
+    first = await next_watch(stream, 10)
     lvm("lvcreate", "-n", "outside", "-L", "1g", "-y", "vg1")  # not through lvmd
-    second = await asyncio.wait_for(stream.read(), 10)
+    second = await next_watch(stream, 10)
     assert second.free_bytes == first.free_bytes - GiB
     names = [v.name for v in (await client.vg.GetLVList(pb.GetLVListRequest())).volumes]
     assert names == ["outside"]

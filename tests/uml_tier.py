@@ -72,6 +72,7 @@ def proxy_items(items: list[pytest.Item]) -> None:
     for i, item in enumerate(items):
         if item.get_closest_marker("uml") is None:
             continue
+        assert item.parent is not None
         proxy = UmlProxy.from_parent(item.parent, name=item.name, location=item.location)
         proxy.own_markers.extend(m for m in item.own_markers if m.name != "parametrize")
         items[i] = proxy

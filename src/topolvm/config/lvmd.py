@@ -206,7 +206,7 @@ class LvmdConfig(_Model):
             if dc.target in targets:
                 raise ValueError(
                     f"{at}: device-classes {targets[dc.target]!r} and {dc.name!r} use the same "
-                    f"target {dc.target!r} (volume-group for thick, volume-group/thin-pool for thin)"
+                    f"target {dc.target!r} (thick: volume-group, thin: volume-group/thin-pool)"
                 )
             targets[dc.target] = dc.name
             if dc.default:

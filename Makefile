@@ -1,0 +1,58 @@
+# make demo | make test | make bench — each installs what it needs and is safe to run twice.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV := .venv
+PY := $(VENV)/bin/python
+APT_PACKAGES := user-mode-linux lvm2 kmod xfsprogs btrfs-progs e2fsprogs iproute2 util-linux
+STAMP := $(VENV)/.installed
+
+.PHONY: help deps apt venv lint typecheck test test-unit demo bench clean
+
+help:
+	@echo "make demo   - boot User-Mode Linux, run lvmd on a file-backed VG, drive it over gRPC"
+	@echo "make test   - ruff, mypy --strict and every pytest tier (unit + real LVM in UML)"
+	@echo "make bench  - lvmd RPCs vs the bare LVM commands, as ratios, inside UML"
+
+deps: apt venv
+
+apt:
+	@missing=""; for p in $(APT_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  if [ "$$(id -u)" != 0 ]; then echo "run as root to install:$$missing" >&2; exit 1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml hatch_build.py src/topolvm/proto/lvmd.proto
+	@python3 -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $@
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: venv
+	$(VENV)/bin/mypy
+
+test: deps lint typecheck
+	$(VENV)/bin/pytest
+
+test-unit: venv
+	$(VENV)/bin/pytest -m "not uml"
+
+demo: deps
+	$(PY) -m devtools.demo
+
+bench: deps
+	$(PY) -m bench.lvmd_bench
+
+clean:
+	rm -rf $(VENV) .uml .mypy_cache .ruff_cache .pytest_cache src/topolvm/proto/*_pb2*
