@@ -41,9 +41,9 @@ INIT = """\
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t tmpfs -o mode=0755 tmpfs /run
-mount -t tmpfs -o mode=1777 tmpfs /tmp
 ip link set lo up
-mkdir -p /lib/modules /run/lock/lvm /run/lvm
+mkdir -p /lib/modules /run/lock/lvm /run/lvm /run/tmp
+chmod 1777 /run/tmp
 mount --bind {modules} /lib/modules
 for m in dm-mod dm-thin-pool dm-snapshot; do modprobe $m || echo "modprobe $m failed"; done
 mkdir -p /run/lvm-conf
@@ -102,7 +102,8 @@ def run(
         raise UmlError(reason)
     if len(disks) > len(DISK_LETTERS):
         raise UmlError(f"at most {len(DISK_LETTERS)} disks")
-    # Files the guest must see live on the host disk: the guest mounts its own /tmp, /run, /dev.
+    # Files the guest must see live on the host disk: the guest mounts its own /run and /dev.
+    # (It leaves /tmp alone, since the repo may live there; TMPDIR points at /run/tmp.)
     shared_root = Path(workdir) if workdir else REPO / ".uml"
     shared_root.mkdir(parents=True, exist_ok=True)
     fast = "/dev/shm" if os.path.isdir("/dev/shm") else None  # memory + disk images (host side)
@@ -130,6 +131,7 @@ def run(
             "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": "/root",
             "LANG": "C.UTF-8",
+            "TMPDIR": "/run/tmp",
             "TOPOLVM_IN_UML": "1",
             "TOPOLVM_UML_DISKS": " ".join(disk_devices(len(disks))),
             **(env or {}),

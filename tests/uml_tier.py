@@ -94,7 +94,7 @@ def _run_all(session: pytest.Session) -> dict[str, list[dict[str, Any]]]:
     ) as out:
         command = [
             sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-o", "addopts=",
-            "--basetemp=/tmp/pytest-uml", *nodeids,
+            "--basetemp=/run/tmp/pytest-uml", *nodeids,
         ]  # fmt: skip
         _say(session, f"booting User-Mode Linux for {len(nodeids)} real-LVM tests")
         try:
