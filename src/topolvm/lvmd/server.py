@@ -20,7 +20,7 @@ from topolvm.config.lvmd import LvmdConfig
 from topolvm.lvm.command import LvmRunner
 from topolvm.lvm.report import Report
 from topolvm.lvmd.capacity import PoolMissing, find_pool
-from topolvm.lvmd.service import Lvmd, LVServicer, VGServicer
+from topolvm.lvmd.service import Lvmd
 from topolvm.lvmd.state import DEFAULT_REFRESH_INTERVAL, LvmState
 from topolvm.proto import lvmd_pb2_grpc as pb_grpc
 
@@ -90,8 +90,8 @@ class LvmdServer:
         path = self.config.socket_name
         prepare_socket(path)
         server = grpc.aio.server()
-        pb_grpc.add_LVServiceServicer_to_server(LVServicer(self.lvmd), server)
-        pb_grpc.add_VGServiceServicer_to_server(VGServicer(self.lvmd), server)
+        pb_grpc.add_LVServiceServicer_to_server(self.lvmd, server)
+        pb_grpc.add_VGServiceServicer_to_server(self.lvmd, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         old_umask = os.umask(0o177)  # the socket is created 0600: only root may drive LVM
         try:

@@ -131,8 +131,8 @@ def _block_device(path: str) -> tuple[int, int, int] | None:
     return major, minor, sectors * 512
 
 
-class Lvmd:
-    """Implements both services over one :class:`LvmState`."""
+class Lvmd(pb_grpc.LVServiceServicer, pb_grpc.VGServiceServicer):
+    """Implements both services (``proto.LVService``, ``proto.VGService``) over one LvmState."""
 
     def __init__(self, config: LvmdConfig, state: LvmState):
         self.config = config
@@ -491,7 +491,9 @@ class Lvmd:
                 entry.thin_pool.size_bytes = tp.size_bytes
         return msg
 
-    async def watch(self) -> AsyncIterator[pb.WatchResponse]:
+    async def Watch(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.WatchResponse]:
         """Initial message, then one after every change (bursts coalesce) until shutdown."""
         queue = self.state.subscribe()
         try:
@@ -502,41 +504,8 @@ class Lvmd:
                     return
                 await asyncio.sleep(WATCH_DEBOUNCE)
                 yield self.watch_message(await self.state.fresh())
-        finally:
-            self.state.unsubscribe(queue)
-
-
-class LVServicer(pb_grpc.LVServiceServicer):
-    def __init__(self, lvmd: Lvmd):
-        self._lvmd = lvmd
-
-    async def CreateLV(self, request: Any, context: Any) -> Any:
-        return await self._lvmd.CreateLV(request, context)
-
-    async def RemoveLV(self, request: Any, context: Any) -> Any:
-        return await self._lvmd.RemoveLV(request, context)
-
-    async def ResizeLV(self, request: Any, context: Any) -> Any:
-        return await self._lvmd.ResizeLV(request, context)
-
-    async def CreateLVSnapshot(self, request: Any, context: Any) -> Any:
-        return await self._lvmd.CreateLVSnapshot(request, context)
-
-
-class VGServicer(pb_grpc.VGServiceServicer):
-    def __init__(self, lvmd: Lvmd):
-        self._lvmd = lvmd
-
-    async def GetLVList(self, request: Any, context: Any) -> Any:
-        return await self._lvmd.GetLVList(request, context)
-
-    async def GetFreeBytes(self, request: Any, context: Any) -> Any:
-        return await self._lvmd.GetFreeBytes(request, context)
-
-    async def Watch(self, request: Any, context: Any) -> AsyncIterator[pb.WatchResponse]:
-        try:
-            async for msg in self._lvmd.watch():
-                yield msg
         except (LvmError, PoolMissing, ValueError) as e:
             log.error("watch stream failed", extra={"error": str(e)})
             await context.abort(grpc.StatusCode.INTERNAL, str(e))
+        finally:
+            self.state.unsubscribe(queue)
