@@ -48,15 +48,22 @@ async def drive(sock: str) -> None:
     async with grpc.aio.insecure_channel(f"unix:{sock}") as ch:
         lv, vg = pb_grpc.LVServiceStub(ch), pb_grpc.VGServiceStub(ch)
         watch = vg.Watch(pb.Empty())
+        received: list[pb.WatchResponse] = []
+
+        async def follow() -> None:  # cancelling a read() would end the stream: read in a task
+            async for message in watch:
+                received.append(message)
+
+        follower = asyncio.create_task(follow())
 
         async def watched(label: str) -> None:
-            msg = await asyncio.wait_for(watch.read(), 10)
-            while True:  # show the latest state: later messages may be queued already
-                try:
-                    msg = await asyncio.wait_for(watch.read(), 0.5)
-                except TimeoutError:
+            seen = len(received)
+            for _ in range(100):  # wait for a new message, then for the burst to settle
+                await asyncio.sleep(0.1)
+                if len(received) > seen or (seen == 0 and received):
                     break
-            assert isinstance(msg, pb.WatchResponse), f"Watch stream ended: {msg!r}"
+            await asyncio.sleep(0.3)
+            msg = received[-1]
             parts = [
                 f"{i.device_class}: thin-pool free {size(i.thin_pool.overprovision_bytes)}"
                 if i.HasField("thin_pool")
@@ -122,6 +129,7 @@ async def drive(sock: str) -> None:
             await lv.RemoveLV(pb.RemoveLVRequest(name=name, device_class=dc))
         await watched("after RemoveLV")
         watch.cancel()
+        follower.cancel()
 
 
 def inside() -> int:
