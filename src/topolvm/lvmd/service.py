@@ -148,14 +148,13 @@ class Lvmd(pb_grpc.LVServiceServicer, pb_grpc.VGServiceServicer):
         except PoolMissing:
             if not self.state.dirty:
                 raise
-        report = await self.state.reload_locked()
-        return report, find_pool(report, dc)
+        return await self._pool_locked_reloaded(dc)
 
-    async def _read_lv(self, vg: str, name: str, base: LogicalVolume | None) -> LogicalVolume:
-        """The LV as it is now. Reads the device node when ``base`` is known, else asks LVM."""
+    async def _read_lv(self, vg: str, name: str, base: LogicalVolume) -> LogicalVolume:
+        """``base`` as it is now: size and device from its device node, else from ``lvs``."""
         path = f"/dev/{vg}/{name}"
         dev = _block_device(path)
-        if base is not None and dev is not None:
+        if dev is not None:
             major, minor, size = dev
             return replace(base, path=path, major=major, minor=minor, size=size)
         doc = await self.runner.report("lvs", f"{vg}/{name}", "-o", LV_FIELDS)
@@ -206,7 +205,7 @@ class Lvmd(pb_grpc.LVServiceServicer, pb_grpc.VGServiceServicer):
                     f"cannot create volume as given size is not a multiple of {SECTOR} and could "
                     f"get rejected: size_bytes={size}",
                 )
-            argv = self._lvcreate_argv(dc, pool, name, size, tags, options)
+            argv = self._lvcreate_argv(pool, name, size, tags, options)
             self.state.invalidate()  # even if this RPC is cancelled, the next read refreshes
             try:
                 await self.runner.run(*argv)
@@ -265,7 +264,7 @@ class Lvmd(pb_grpc.LVServiceServicer, pb_grpc.VGServiceServicer):
 
     @staticmethod
     def _lvcreate_argv(
-        dc: DeviceClass, pool: Pool, name: str, size: int, tags: list[str], options: list[str]
+        pool: Pool, name: str, size: int, tags: list[str], options: list[str]
     ) -> list[str]:
         if pool.thin_pool is None:
             argv = ["lvcreate", "-n", name, "-L", f"{size}b", "-W", "y", "-y"]
