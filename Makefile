@@ -28,7 +28,7 @@ apt:
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml hatch_build.py src/topolvm/proto/lvmd.proto
+$(STAMP): pyproject.toml hatch_build.py $(wildcard src/topolvm/proto/*.proto)
 	@python3 -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip

@@ -1,0 +1,95 @@
+"""Names shared by every component, in normal and legacy (``USE_LEGACY``) mode (spec §0)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+DEFAULT_DEVICE_CLASS_KEY = "00default"
+"""Annotation suffix used for the default device class (whose name in requests is "")."""
+
+DEFAULT_SIZE = 1 << 30
+"""Size given to a volume whose request is missing or zero."""
+
+MINIMUM_SECTOR_SIZE = 4096
+
+CREATED_BY_LABEL = ("app.kubernetes.io/created-by", "topolvm-controller")
+RESIZEFS_REQUESTED_AT = "topolvm.io/last-resizefs-requested-at"  # always topolvm.io
+LEGACY_DEVICE_DIR = "/dev/topolvm"
+DEFAULT_CSI_SOCKET = "/run/topolvm/csi-topolvm.sock"
+DEFAULT_LVMD_SOCKET = "/run/topolvm/lvmd.sock"
+
+
+@dataclass(frozen=True)
+class Names:
+    """Every name that changes between normal and legacy mode."""
+
+    legacy: bool
+    plugin: str
+
+    @property
+    def group(self) -> str:
+        """LogicalVolume CRD API group."""
+        return self.plugin
+
+    @property
+    def capacity_prefix(self) -> str:
+        """Prefix of node (and pod) capacity annotations: ``capacity.topolvm.io/``."""
+        return f"capacity.{self.plugin}/"
+
+    @property
+    def capacity_resource(self) -> str:
+        """Extended resource the pod webhook puts on pods: ``topolvm.io/capacity``."""
+        return f"{self.plugin}/capacity"
+
+    @property
+    def topology_key(self) -> str:
+        return f"topology.{self.plugin}/node"
+
+    @property
+    def device_class_param(self) -> str:
+        return f"{self.plugin}/device-class"
+
+    @property
+    def lvcreate_option_class_param(self) -> str:
+        return f"{self.plugin}/lvcreate-option-class"
+
+    @property
+    def resize_requested_at(self) -> str:
+        return f"{self.plugin}/resize-requested-at"
+
+    @property
+    def pending_deletion(self) -> str:
+        return f"{self.plugin}/pendingdeletion"
+
+    @property
+    def lv_finalizer(self) -> str:
+        return f"{self.plugin}/logicalvolume"
+
+    @property
+    def node_finalizer(self) -> str:
+        return f"{self.plugin}/node"
+
+    @property
+    def webhook_ignore_label(self) -> str:
+        return f"{self.plugin}/webhook"
+
+    def capacity_annotation(self, device_class: str) -> str:
+        """Node/pod annotation key for a device class ("" is the default class)."""
+        return self.capacity_prefix + (device_class or DEFAULT_DEVICE_CLASS_KEY)
+
+
+NORMAL = Names(legacy=False, plugin="topolvm.io")
+LEGACY = Names(legacy=True, plugin="topolvm.cybozu.com")
+
+
+def legacy_from_env() -> bool:
+    """Upstream switches to legacy names when ``USE_LEGACY`` is set to any non-empty value."""
+    return bool(os.environ.get("USE_LEGACY"))
+
+
+def names(legacy: bool | None = None) -> Names:
+    """The names for ``legacy`` mode; ``None`` reads ``USE_LEGACY`` from the environment."""
+    if legacy is None:
+        legacy = legacy_from_env()
+    return LEGACY if legacy else NORMAL

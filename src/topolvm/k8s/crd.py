@@ -1,0 +1,126 @@
+"""The LogicalVolume CustomResourceDefinition (spec §5), for both API groups.
+
+The YAML files under ``deploy/crds/`` are rendered from :func:`logicalvolume_crd`
+(``python -m topolvm.k8s.crd deploy/crds``); a test keeps them equal.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from topolvm.constants import LEGACY, NORMAL
+
+_QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?"
+    r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+
+
+def _quantity(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "anyOf": [{"type": "integer"}, {"type": "string"}],
+        "pattern": _QUANTITY_PATTERN,
+        "x-kubernetes-int-or-string": True,
+    }
+
+
+def _string(description: str) -> dict[str, Any]:
+    return {"type": "string", "description": description}
+
+
+def logicalvolume_crd(group: str) -> dict[str, Any]:
+    """The CRD manifest for ``logicalvolumes.<group>`` (``topolvm.io`` or legacy)."""
+    spec_props = {
+        "name": _string("Same as metadata.name: the lower-cased CSI volume or snapshot name."),
+        "nodeName": _string("The node that creates the logical volume."),
+        "size": _quantity("Requested size in bytes."),
+        "deviceClass": _string("Device class of lvmd; empty selects the default class."),
+        "lvcreateOptionClass": _string("lvcreate option class of lvmd."),
+        "source": _string("Name of the source LogicalVolume of a snapshot or clone."),
+        "accessType": _string("Access type of a snapshot or clone: ro or rw."),
+    }
+    status_props = {
+        "volumeID": _string("LVM logical volume name; also the CSI volume id."),
+        "code": {
+            "type": "integer",
+            "format": "int32",
+            "description": "gRPC status code of the last failure; 0 is OK.",
+        },
+        "message": _string("Message of the last failure."),
+        "currentSize": _quantity("Actual size of the logical volume."),
+    }
+    schema = {
+        "type": "object",
+        "description": "LogicalVolume is the Schema for the logicalvolumes API.",
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": {
+                "type": "object",
+                "description": "LogicalVolumeSpec defines the desired state of LogicalVolume.",
+                "properties": spec_props,
+                "required": ["name", "nodeName", "size"],
+            },
+            "status": {
+                "type": "object",
+                "description": "LogicalVolumeStatus defines the observed state of LogicalVolume.",
+                "properties": status_props,
+            },
+        },
+    }
+    columns = [
+        {"name": "Node", "type": "string", "jsonPath": ".spec.nodeName"},
+        {"name": "DeviceClass", "type": "string", "jsonPath": ".spec.deviceClass"},
+        {"name": "Size", "type": "string", "jsonPath": ".spec.size"},
+        {"name": "Current", "type": "string", "jsonPath": ".status.currentSize"},
+        {"name": "VolumeID", "type": "string", "jsonPath": ".status.volumeID", "priority": 1},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"logicalvolumes.{group}"},
+        "spec": {
+            "group": group,
+            "names": {
+                "kind": "LogicalVolume",
+                "listKind": "LogicalVolumeList",
+                "plural": "logicalvolumes",
+                "singular": "logicalvolume",
+            },
+            "scope": "Cluster",
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": schema},
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": columns,
+                }
+            ],
+        },
+    }
+
+
+def render(group: str) -> str:
+    return "---\n" + yaml.safe_dump(logicalvolume_crd(group), sort_keys=False, width=1000)
+
+
+def crd_files() -> dict[str, str]:
+    """File name → rendered manifest, for both groups."""
+    return {f"logicalvolumes.{n.group}.yaml": render(n.group) for n in (NORMAL, LEGACY)}
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "deploy/crds")
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in crd_files().items():
+        (out / name).write_text(text)
+        print(out / name)

@@ -1,0 +1,193 @@
+"""How topolvm-node talks to lvmd: over its UNIX socket, or in-process (``--embed-lvmd``).
+
+Both implementations expose the same small async API and raise :class:`LvmdCallError` with the
+gRPC status code lvmd chose, so callers never care which mode is in use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any, NoReturn, Protocol
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from topolvm.config.lvmd import LvmdConfig
+from topolvm.lvmd.server import LvmdServer, Options, check_device_classes
+from topolvm.proto import lvmd_pb2 as pb
+from topolvm.proto import lvmd_pb2_grpc as pb_grpc
+
+
+class LvmdCallError(Exception):
+    """An lvmd call failed; ``code`` is the gRPC status lvmd returned."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+
+class LvmdClient(Protocol):
+    async def create_lv(self, request: pb.CreateLVRequest) -> pb.CreateLVResponse: ...
+    async def remove_lv(self, request: pb.RemoveLVRequest) -> None: ...
+    async def resize_lv(self, request: pb.ResizeLVRequest) -> pb.ResizeLVResponse: ...
+    async def create_lv_snapshot(
+        self, request: pb.CreateLVSnapshotRequest
+    ) -> pb.CreateLVSnapshotResponse: ...
+    async def get_lv_list(self, device_class: str) -> list[pb.LogicalVolume]: ...
+    async def get_free_bytes(self, device_class: str) -> int: ...
+    def watch(self) -> AsyncIterator[pb.WatchResponse]: ...
+    async def check_health(self) -> None:
+        """Raise :class:`LvmdCallError` unless lvmd answers SERVING."""
+    async def close(self) -> None: ...
+
+
+def _from_rpc_error(e: grpc.aio.AioRpcError) -> LvmdCallError:
+    return LvmdCallError(e.code(), e.details() or "")
+
+
+class SocketLvmd:
+    """lvmd reached over ``unix:<socket>`` (the chart's DaemonSet or a systemd unit)."""
+
+    def __init__(self, socket_path: str, timeout: float = 120.0):
+        self.socket_path = socket_path
+        self.timeout = timeout
+        self._channel = grpc.aio.insecure_channel(f"unix:{socket_path}")
+        self._lv = pb_grpc.LVServiceStub(self._channel)
+        self._vg = pb_grpc.VGServiceStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    async def create_lv(self, request: pb.CreateLVRequest) -> pb.CreateLVResponse:
+        try:
+            return await self._lv.CreateLV(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as e:
+            raise _from_rpc_error(e) from None
+
+    async def remove_lv(self, request: pb.RemoveLVRequest) -> None:
+        try:
+            await self._lv.RemoveLV(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as e:
+            raise _from_rpc_error(e) from None
+
+    async def resize_lv(self, request: pb.ResizeLVRequest) -> pb.ResizeLVResponse:
+        try:
+            return await self._lv.ResizeLV(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as e:
+            raise _from_rpc_error(e) from None
+
+    async def create_lv_snapshot(
+        self, request: pb.CreateLVSnapshotRequest
+    ) -> pb.CreateLVSnapshotResponse:
+        try:
+            return await self._lv.CreateLVSnapshot(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as e:
+            raise _from_rpc_error(e) from None
+
+    async def get_lv_list(self, device_class: str) -> list[pb.LogicalVolume]:
+        try:
+            resp = await self._vg.GetLVList(
+                pb.GetLVListRequest(device_class=device_class), timeout=self.timeout
+            )
+        except grpc.aio.AioRpcError as e:
+            raise _from_rpc_error(e) from None
+        return list(resp.volumes)
+
+    async def get_free_bytes(self, device_class: str) -> int:
+        try:
+            resp = await self._vg.GetFreeBytes(
+                pb.GetFreeBytesRequest(device_class=device_class), timeout=self.timeout
+            )
+        except grpc.aio.AioRpcError as e:
+            raise _from_rpc_error(e) from None
+        return int(resp.free_bytes)
+
+    async def watch(self) -> AsyncIterator[pb.WatchResponse]:
+        call = self._vg.Watch(pb.Empty())
+        try:
+            async for msg in call:
+                yield msg
+        except grpc.aio.AioRpcError as e:
+            raise _from_rpc_error(e) from None
+        finally:
+            call.cancel()
+
+    async def check_health(self) -> None:
+        try:
+            resp = await self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        except grpc.aio.AioRpcError as e:
+            raise _from_rpc_error(e) from None
+        if resp.status != health_pb2.HealthCheckResponse.SERVING:
+            status = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+            raise LvmdCallError(grpc.StatusCode.UNAVAILABLE, f"lvmd is not serving: {status}")
+
+    async def close(self) -> None:
+        await self._channel.close(None)
+
+
+class _InProcessContext:
+    """The part of a ServicerContext lvmd's servicer uses: ``abort`` ends the call."""
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", *_: Any) -> NoReturn:
+        raise LvmdCallError(code, details)
+
+    def cancelled(self) -> bool:
+        return False
+
+
+class EmbeddedLvmd:
+    """lvmd's service implementation called in-process (``topolvm node --embed-lvmd``).
+
+    Unlike upstream, start-up still checks that every device class's VG and thin pool exist,
+    so a wrong config fails fast instead of on the first volume.
+    """
+
+    def __init__(self, config: LvmdConfig, options: Options | None = None):
+        self._server = LvmdServer(config, options)
+        self._ctx: Any = _InProcessContext()
+        self._timer: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        report = await self._server.state.refresh()
+        check_device_classes(self._server.config, report)
+        opts = self._server.options
+        self._timer = asyncio.create_task(
+            self._server.state.run_timer(opts.refresh_interval, opts.watch_interval)
+        )
+
+    async def create_lv(self, request: pb.CreateLVRequest) -> pb.CreateLVResponse:
+        return await self._server.lvmd.CreateLV(request, self._ctx)
+
+    async def remove_lv(self, request: pb.RemoveLVRequest) -> None:
+        await self._server.lvmd.RemoveLV(request, self._ctx)
+
+    async def resize_lv(self, request: pb.ResizeLVRequest) -> pb.ResizeLVResponse:
+        return await self._server.lvmd.ResizeLV(request, self._ctx)
+
+    async def create_lv_snapshot(
+        self, request: pb.CreateLVSnapshotRequest
+    ) -> pb.CreateLVSnapshotResponse:
+        return await self._server.lvmd.CreateLVSnapshot(request, self._ctx)
+
+    async def get_lv_list(self, device_class: str) -> list[pb.LogicalVolume]:
+        req = pb.GetLVListRequest(device_class=device_class)
+        return list((await self._server.lvmd.GetLVList(req, self._ctx)).volumes)
+
+    async def get_free_bytes(self, device_class: str) -> int:
+        req = pb.GetFreeBytesRequest(device_class=device_class)
+        return int((await self._server.lvmd.GetFreeBytes(req, self._ctx)).free_bytes)
+
+    async def watch(self) -> AsyncIterator[pb.WatchResponse]:
+        async for msg in self._server.lvmd.Watch(pb.Empty(), self._ctx):
+            yield msg
+
+    async def check_health(self) -> None:
+        return None  # in-process: lvmd is up as long as this process is
+
+    async def close(self) -> None:
+        self._server.state.close()  # ends Watch streams
+        if self._timer is not None:
+            self._timer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._timer
