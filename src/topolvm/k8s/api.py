@@ -1,0 +1,190 @@
+"""Typed helpers over lightkube's AsyncClient shared by every component.
+
+Objects are handled as plain JSON dicts (what the API server sends), so a read-modify-write never
+drops fields a client model does not know about. Writes that must not lose a concurrent change
+carry the object's resourceVersion; a 409 Conflict re-reads and re-applies the change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import httpx2
+from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube.config.models import Cluster, User
+from lightkube.generic_resource import GenericGlobalResource, create_global_resource
+from lightkube.types import PatchType
+
+from topolvm.constants import Names
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+# lightkube resource classes (typed models or generic CRD classes); its overloads are too
+# narrow to express "any resource", so helpers take them as Any.
+Resource = Any
+CONFLICT_ATTEMPTS = 10
+
+
+class KubeError(Exception):
+    """The Kubernetes API could not be used (unreachable, refused, or an unexpected answer)."""
+
+
+def make_client(kubeconfig: str | None = None, server: str | None = None) -> AsyncClient:
+    """A client from ``--server`` (tests, demo), a kubeconfig file, or the in-cluster account."""
+    try:
+        if server:
+            # from_server() leaves out the user entry that lightkube's adapter requires.
+            config = KubeConfig.from_one(cluster=Cluster(server=server), user=User())
+        elif kubeconfig:
+            config = KubeConfig.from_file(kubeconfig)
+        else:
+            config = KubeConfig.from_env()
+    except Exception as e:
+        raise KubeError(f"cannot load Kubernetes client configuration: {e}") from e
+    return AsyncClient(config, field_manager="topolvm", trust_env=not server)
+
+
+def code_of(e: BaseException) -> int | None:
+    """HTTP status of an API error (None for transport errors)."""
+    if isinstance(e, ApiError):
+        return int(e.status.code or 0)
+    return None
+
+
+def is_not_found(e: BaseException) -> bool:
+    return code_of(e) == 404
+
+
+def is_conflict(e: BaseException) -> bool:
+    return code_of(e) == 409
+
+
+def is_transient(e: BaseException) -> bool:
+    """Errors worth retrying: transport failures, throttling and server-side trouble."""
+    if isinstance(e, httpx2.TransportError):
+        return True
+    c = code_of(e)
+    return c is not None and (c in (409, 429) or c >= 500)
+
+
+def describe(e: BaseException) -> str:
+    if isinstance(e, ApiError):
+        return f"{e.status.code} {e.status.reason}: {e.status.message}"
+    if isinstance(e, httpx2.TransportError):
+        return f"cannot reach the Kubernetes API: {type(e).__name__}: {e}"
+    return f"{type(e).__name__}: {e}"
+
+
+def to_dict(obj: Any) -> Obj:
+    """A lightkube object (typed model or generic dict) as a plain JSON dict."""
+    if isinstance(obj, dict):
+        return copy.deepcopy(dict(obj)) if not hasattr(obj, "to_dict") else obj.to_dict()
+    result: Obj = obj.to_dict()
+    return result
+
+
+def logicalvolume_resource(names: Names) -> type[GenericGlobalResource]:
+    """The cluster-scoped LogicalVolume resource of ``names.group`` (``topolvm.io`` or legacy)."""
+    return create_global_resource(names.group, "v1", "LogicalVolume", "logicalvolumes")
+
+
+async def get(client: AsyncClient, res: Resource, name: str, **kw: Any) -> Obj | None:
+    """The object, or None when it does not exist."""
+    try:
+        return to_dict(await client.get(res, name, **kw))
+    except ApiError as e:
+        if is_not_found(e):
+            return None
+        raise
+
+
+async def list_all(client: AsyncClient, res: Resource, **kw: Any) -> tuple[list[Obj], str]:
+    """Every object (filtered by ``labels``/``fields`` if given) and the list's version."""
+    it = client.list(res, **kw)
+    items = [to_dict(o) async for o in it]
+    try:
+        rv = it.resourceVersion
+    except Exception:  # empty lists may carry no version in some servers
+        rv = ""
+    return items, str(rv or "")
+
+
+Mutation = Callable[[Obj], bool]
+"""Changes the object in place; returns False when nothing needed changing."""
+
+
+async def modify(
+    client: AsyncClient,
+    res: Resource,
+    name: str,
+    mutate: Mutation,
+    *,
+    status: bool = False,
+    attempts: int = CONFLICT_ATTEMPTS,
+) -> Obj | None:
+    """Read-modify-write of a custom resource with its resourceVersion as precondition.
+
+    ``status=True`` writes through the status subresource. A 409 Conflict re-reads the object and
+    applies ``mutate`` again. Returns the stored object (None if it no longer exists).
+    """
+    for attempt in range(1, attempts + 1):
+        current = await get(client, res, name)
+        if current is None:
+            return None
+        changed = copy.deepcopy(current)
+        if not mutate(changed):
+            return current
+        try:
+            if status:
+                result = await client.replace(res.Status.from_dict(changed), name=name)
+            else:
+                result = await client.replace(res.from_dict(changed))
+            return to_dict(result)
+        except ApiError as e:
+            if not is_conflict(e) or attempt == attempts:
+                raise
+            log.info(
+                "write conflict, retrying with the latest version",
+                extra={"object": name, "attempt": attempt, "status_subresource": status},
+            )
+            await asyncio.sleep(min(0.05 * attempt, 0.5))
+    raise AssertionError("unreachable")
+
+
+async def patch_merge(client: AsyncClient, res: Resource, name: str, patch: Obj, **kw: Any) -> Obj:
+    """JSON merge patch; put ``metadata.resourceVersion`` in it for optimistic locking."""
+    result = await client.patch(res, name, patch, patch_type=PatchType.MERGE, **kw)
+    return to_dict(result)
+
+
+def finalizers(obj: Obj) -> list[str]:
+    return list(obj.get("metadata", {}).get("finalizers") or [])
+
+
+async def set_finalizer(
+    client: AsyncClient, res: Resource, name: str, finalizer: str, present: bool
+) -> Obj | None:
+    """Add or remove one finalizer, keeping the others; conflict-safe. None if gone."""
+    for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+        obj = await get(client, res, name)
+        if obj is None:
+            return None
+        current = finalizers(obj)
+        if (finalizer in current) == present:
+            return obj
+        wanted = [*current, finalizer] if present else [f for f in current if f != finalizer]
+        meta = {"resourceVersion": obj["metadata"]["resourceVersion"], "finalizers": wanted}
+        try:
+            return await patch_merge(client, res, name, {"metadata": meta})
+        except ApiError as e:
+            if is_not_found(e):
+                return None
+            if not is_conflict(e) or attempt == CONFLICT_ATTEMPTS:
+                raise
+            await asyncio.sleep(min(0.05 * attempt, 0.5))
+    raise AssertionError("unreachable")

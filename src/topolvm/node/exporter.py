@@ -1,0 +1,136 @@
+"""Publishes this node's free capacity: Node annotations and Prometheus gauges (spec §9.1, §9.2).
+
+Every message of lvmd's Watch stream (at start, after each LV change, at least every 10 minutes)
+updates the gauges and merge-patches the Node: the ``<p>/node`` finalizer and one
+``capacity.<p>/<device-class>`` annotation per class (``00default`` for the default class).
+Once the Node has a deletionTimestamp the exporter stops touching it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Node
+from prometheus_client import CollectorRegistry, Gauge
+
+from topolvm.constants import DEFAULT_DEVICE_CLASS_KEY, Names
+from topolvm.k8s import api
+from topolvm.node.lvmd_client import LvmdCallError, LvmdClient
+from topolvm.proto import lvmd_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+class NodeMetrics:
+    """The six upstream gauges, namespace ``topolvm``, labels ``node`` and ``device_class``."""
+
+    def __init__(self, registry: CollectorRegistry, node_name: str):
+        self.node_name = node_name
+        labels = ["node", "device_class"]
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, labels, namespace="topolvm", registry=registry)
+
+        self.available = gauge(
+            "volumegroup_available_bytes", "LVM VG available bytes under lvmd management"
+        )
+        self.size = gauge("volumegroup_size_bytes", "LVM VG size bytes under lvmd management")
+        self.pool_size = gauge("thinpool_size_bytes", "LVM VG Thin Pool raw size bytes")
+        self.pool_data = gauge("thinpool_data_percent", "LVM VG Thin Pool data usage percent")
+        self.pool_meta = gauge(
+            "thinpool_metadata_percent", "LVM VG Thin Pool metadata usage percent"
+        )
+        self.pool_over = gauge(
+            "thinpool_overprovisioned_available",
+            "LVM VG Thin Pool bytes available with overprovisioning",
+        )
+
+    def update(self, msg: pb.WatchResponse) -> None:
+        for item in msg.items:
+            labels = (self.node_name, item.device_class)
+            self.available.labels(*labels).set(item.free_bytes)
+            self.size.labels(*labels).set(item.size_bytes)
+            if item.HasField("thin_pool"):
+                tp = item.thin_pool
+                self.pool_size.labels(*labels).set(tp.size_bytes)
+                self.pool_data.labels(*labels).set(tp.data_percent)
+                self.pool_meta.labels(*labels).set(tp.metadata_percent)
+                self.pool_over.labels(*labels).set(tp.overprovision_bytes)
+
+
+def capacity_annotations(names: Names, msg: pb.WatchResponse) -> dict[str, str]:
+    """``capacity.<p>/<dc>`` → decimal bytes: thin classes report overprovisioned free bytes."""
+    out = {names.capacity_prefix + DEFAULT_DEVICE_CLASS_KEY: str(msg.free_bytes)}
+    for item in msg.items:
+        free = item.thin_pool.overprovision_bytes if item.HasField("thin_pool") else item.free_bytes
+        out[names.capacity_annotation(item.device_class)] = str(free)
+    return out
+
+
+class CapacityExporter:
+    def __init__(
+        self,
+        client: AsyncClient,
+        names: Names,
+        node_name: str,
+        lvmd: LvmdClient,
+        metrics: NodeMetrics,
+        *,
+        max_backoff: float = 30.0,
+    ):
+        self.client = client
+        self.names = names
+        self.node_name = node_name
+        self.lvmd = lvmd
+        self.metrics = metrics
+        self.max_backoff = max_backoff
+        self.updates = 0  # Node patches sent, for diagnostics and tests
+        self.stopped = asyncio.Event()  # set once the Node is being deleted
+
+    async def publish(self, msg: pb.WatchResponse) -> bool:
+        """Update gauges and the Node; False once the Node is being deleted (or is gone)."""
+        self.metrics.update(msg)
+        node = await api.get(self.client, Node, self.node_name)
+        if node is None:
+            log.warning(
+                "Node object not found; capacity not published", extra={"node": self.node_name}
+            )
+            return True
+        if node.get("metadata", {}).get("deletionTimestamp"):
+            log.info(
+                "Node is being deleted; no more capacity updates", extra={"node": self.node_name}
+            )
+            return False
+        if self.names.node_finalizer not in api.finalizers(node):
+            await api.set_finalizer(
+                self.client, Node, self.node_name, self.names.node_finalizer, True
+            )
+        patch = {"metadata": {"annotations": capacity_annotations(self.names, msg)}}
+        await api.patch_merge(self.client, Node, self.node_name, patch)
+        self.updates += 1
+        return True
+
+    async def run(self) -> None:
+        """Follow lvmd's Watch stream until cancelled or the Node is deleted; reconnects."""
+        failures = 0
+        while True:
+            try:
+                async for msg in self.lvmd.watch():
+                    failures = 0
+                    if not await self.publish(msg):
+                        self.stopped.set()
+                        return
+                raise LvmdCallError(grpc.StatusCode.UNAVAILABLE, "lvmd closed the Watch stream")
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                failures += 1
+                delay = min(self.max_backoff, 0.5 * 2 ** min(failures, 8))
+                log.warning(
+                    f"capacity export interrupted: {api.describe(e)}",
+                    extra={"node": self.node_name, "retry_in": delay},
+                )
+                await asyncio.sleep(delay)

@@ -1,0 +1,186 @@
+"""Makes LogicalVolume objects for this node real through lvmd (spec §5.1, node side).
+
+The reconcile is level-triggered and idempotent: it reads the object fresh from the API, and
+lvmd's CreateLV succeeds for an LV that already exists with the same size, so a restart at any
+point neither creates an LV twice nor loses one. An LV is removed only after its LogicalVolume
+has a deletionTimestamp, and the finalizer is removed only after the LV is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import grpc
+from lightkube import AsyncClient
+
+from topolvm.constants import CREATED_BY_LABEL, Names
+from topolvm.k8s import api
+from topolvm.k8s.logicalvolume import InvalidQuantity, LogicalVolume, status_dict
+from topolvm.k8s.runtime import Controller, Informer, ReconcileError, Result
+from topolvm.node.lvmd_client import LvmdCallError, LvmdClient
+from topolvm.proto import lvmd_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+class LogicalVolumeReconciler:
+    def __init__(self, client: AsyncClient, names: Names, node_name: str, lvmd: LvmdClient):
+        self.client = client
+        self.names = names
+        self.node_name = node_name
+        self.lvmd = lvmd
+        self.resource = api.logicalvolume_resource(names)
+
+    # -- wiring -------------------------------------------------------------------------------
+    def watch(self, informer: Informer, controller: Controller) -> None:
+        """Queue every LogicalVolume of this node on each change the informer sees."""
+
+        def on_event(event: str, obj: api.Obj) -> None:
+            if (obj.get("spec") or {}).get("nodeName") == self.node_name:
+                controller.enqueue(obj["metadata"]["name"])
+
+        informer.add_handler(on_event)
+
+    # -- reconcile ----------------------------------------------------------------------------
+    async def reconcile(self, name: str) -> Result | None:
+        obj = await api.get(self.client, self.resource, name)
+        if obj is None:
+            return None
+        try:
+            lv = LogicalVolume.from_dict(obj)
+        except (InvalidQuantity, KeyError, TypeError, ValueError) as e:
+            log.error("ignoring malformed LogicalVolume", extra={"lv": name, "error": str(e)})
+            return None
+        if lv.node_name != self.node_name:
+            return None
+        ctx = {"lv": name, "uid": lv.uid}
+        if self.names.pending_deletion in lv.annotations:
+            log.info("LogicalVolume is pending deletion with its node; skipping", extra=ctx)
+            return None
+        if lv.deleting:
+            await self._finalize(lv)
+            return None
+        if self.names.lv_finalizer not in lv.finalizers:
+            res = await api.set_finalizer(
+                self.client, self.resource, name, self.names.lv_finalizer, True
+            )
+            if res is None:
+                return None
+        label, value = CREATED_BY_LABEL
+        if lv.labels.get(label) != value:
+            patch = {"metadata": {"labels": {label: value}}}
+            await api.patch_merge(self.client, self.resource, name, patch)
+        if not lv.volume_id:
+            await self._create(lv)
+        else:
+            await self._expand(lv)
+        return None
+
+    async def _finalize(self, lv: LogicalVolume) -> None:
+        if self.names.lv_finalizer not in lv.finalizers:
+            return
+        try:
+            await self.lvmd.remove_lv(pb.RemoveLVRequest(name=lv.uid, device_class=lv.device_class))
+            log.info("removed LV", extra={"lv": lv.name, "uid": lv.uid})
+        except LvmdCallError as e:
+            if e.code != grpc.StatusCode.NOT_FOUND:
+                raise ReconcileError(f"failed to remove LV {lv.uid}: {e}") from e
+            log.info("LV already removed", extra={"lv": lv.name, "uid": lv.uid})
+        await api.set_finalizer(self.client, self.resource, lv.name, self.names.lv_finalizer, False)
+
+    async def _create(self, lv: LogicalVolume) -> None:
+        if lv.code != grpc.StatusCode.OK.value[0]:
+            return  # a failed create is final: the controller deletes the object
+        existing = await self._find_lv(lv)
+        if existing is not None:
+            # Created before a crash or before the status write was lost: adopt it.
+            log.info("adopting existing LV", extra={"lv": lv.name, "uid": lv.uid})
+            await self._set_status(lv.name, lv.uid, 0, "", existing.size_bytes)
+            return
+        try:
+            if lv.source:
+                size = await self._create_snapshot(lv)
+            else:
+                resp = await self.lvmd.create_lv(
+                    pb.CreateLVRequest(
+                        name=lv.uid,
+                        device_class=lv.device_class,
+                        lvcreate_option_class=lv.lvcreate_option_class,
+                        size_bytes=lv.size,
+                    )
+                )
+                size = resp.volume.size_bytes
+        except LvmdCallError as e:
+            await self._set_failure(lv, e.code, e.message)
+            raise ReconcileError(f"failed to create LV {lv.uid}: {e}") from e
+        log.info("created LV", extra={"lv": lv.name, "uid": lv.uid, "size_bytes": size})
+        await self._set_status(lv.name, lv.uid, 0, "", size)
+
+    async def _create_snapshot(self, lv: LogicalVolume) -> int:
+        if lv.access_type not in ("ro", "rw"):
+            raise ReconcileError(f"invalid accessType {lv.access_type!r}: must be ro or rw")
+        src_obj = await api.get(self.client, self.resource, lv.source)
+        if src_obj is None:
+            raise ReconcileError(f"source LogicalVolume {lv.source!r} not found")
+        src = LogicalVolume.from_dict(src_obj)
+        if not src.volume_id:
+            raise ReconcileError(f"source LogicalVolume {lv.source!r} has no volume yet")
+        if src.current_size is not None and lv.size < src.current_size:
+            raise LvmdCallError(
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"cannot create new LV, requested size {lv.size} is smaller than source LV size "
+                f"{src.current_size}",
+            )
+        resp = await self.lvmd.create_lv_snapshot(
+            pb.CreateLVSnapshotRequest(
+                name=lv.uid,
+                device_class=lv.device_class,
+                source_volume=src.volume_id,
+                size_bytes=lv.size,
+                access_type=lv.access_type,
+            )
+        )
+        return int(resp.snapshot.size_bytes)
+
+    async def _expand(self, lv: LogicalVolume) -> None:
+        if lv.current_size is not None and lv.size <= lv.current_size:
+            return
+        try:
+            resp = await self.lvmd.resize_lv(
+                pb.ResizeLVRequest(
+                    name=lv.volume_id, size_bytes=lv.size, device_class=lv.device_class
+                )
+            )
+        except LvmdCallError as e:
+            await self._set_failure(lv, e.code, e.message)
+            raise ReconcileError(f"failed to resize LV {lv.volume_id}: {e}") from e
+        log.info("resized LV", extra={"lv": lv.name, "uid": lv.uid, "size_bytes": resp.size_bytes})
+        await self._set_status(lv.name, lv.volume_id, 0, "", int(resp.size_bytes))
+
+    async def _find_lv(self, lv: LogicalVolume) -> pb.LogicalVolume | None:
+        try:
+            volumes = await self.lvmd.get_lv_list(lv.device_class)
+        except LvmdCallError as e:
+            if e.code == grpc.StatusCode.NOT_FOUND:  # unknown device class: CreateLV reports it
+                return None
+            raise ReconcileError(f"failed to list LVs: {e}") from e
+        return next((v for v in volumes if v.name == lv.uid), None)
+
+    async def _set_failure(self, lv: LogicalVolume, code: grpc.StatusCode, message: str) -> None:
+        await self._set_status(lv.name, lv.volume_id, code.value[0], message, lv.current_size)
+
+    async def _set_status(
+        self, name: str, volume_id: str, code: int, message: str, current_size: int | None
+    ) -> None:
+        wanted = status_dict(
+            volume_id=volume_id, code=code, message=message, current_size=current_size
+        )
+
+        def mutate(obj: dict[str, Any]) -> bool:
+            if obj.get("status") == wanted:
+                return False
+            obj["status"] = wanted
+            return True
+
+        await api.modify(self.client, self.resource, name, mutate, status=True)

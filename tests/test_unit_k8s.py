@@ -1,0 +1,224 @@
+"""Host unit tests: quantities, the LogicalVolume view, CRD manifests, names, the work queue."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from pathlib import Path
+
+import pytest
+import yaml
+
+from topolvm.constants import LEGACY, NORMAL, names
+from topolvm.k8s.crd import crd_files, logicalvolume_crd
+from topolvm.k8s.logicalvolume import (
+    InvalidQuantity,
+    LogicalVolume,
+    format_quantity,
+    parse_quantity,
+    status_dict,
+)
+from topolvm.k8s.runtime import Controller, Result, WorkQueue
+from topolvm.node.exporter import capacity_annotations
+from topolvm.proto import lvmd_pb2 as pb
+
+REPO = Path(__file__).resolve().parent.parent
+GiB = 1 << 30
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1Gi", GiB),
+        ("1023Mi", 1023 << 20),
+        ("4097", 4097),
+        (1073741824, GiB),
+        ("1G", 10**9),
+        ("1.5Gi", 3 << 29),
+        ("1e3", 1000),
+        ("100m", 1),  # fractions of a byte round up
+        ("0", 0),
+    ],
+)
+def test_parse_quantity(text: str | int, expected: int) -> None:
+    assert parse_quantity(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["", "1GB", "Gi", "1.2.3", "--1", True, None, 1.5, [1]])
+def test_parse_quantity_rejects(bad: object) -> None:
+    with pytest.raises(InvalidQuantity):
+        parse_quantity(bad)
+
+
+@pytest.mark.parametrize(
+    ("size", "text"),
+    [
+        (GiB, "1Gi"),
+        (1023 << 20, "1023Mi"),
+        (4097, "4097"),
+        (0, "0"),
+        (5 << 40, "5Ti"),
+        (4096, "4Ki"),
+    ],
+)
+def test_format_quantity_binary_si(size: int, text: str) -> None:
+    assert format_quantity(size) == text
+    assert parse_quantity(text) == size
+
+
+def test_logicalvolume_view_reads_upstream_fields() -> None:
+    obj = {
+        "metadata": {
+            "name": "pvc-1",
+            "uid": "u-1",
+            "resourceVersion": "7",
+            "finalizers": ["topolvm.io/logicalvolume"],
+            "deletionTimestamp": "2026-11-22T10:00:00Z",
+        },
+        "spec": {
+            "name": "pvc-1",
+            "nodeName": "n1",
+            "size": "2Gi",
+            "deviceClass": "ssd",
+            "source": "pvc-0",
+            "accessType": "ro",
+        },
+        "status": {"volumeID": "u-1", "code": 8, "message": "full", "currentSize": "1Gi"},
+    }
+    lv = LogicalVolume.from_dict(obj)
+    assert (lv.name, lv.uid, lv.node_name, lv.size) == ("pvc-1", "u-1", "n1", 2 * GiB)
+    assert (lv.device_class, lv.source, lv.access_type) == ("ssd", "pvc-0", "ro")
+    assert (lv.volume_id, lv.code, lv.message, lv.current_size) == ("u-1", 8, "full", GiB)
+    assert lv.deleting and lv.finalizers == ["topolvm.io/logicalvolume"]
+    empty = LogicalVolume.from_dict(
+        {"metadata": {"name": "x"}, "spec": {"nodeName": "n", "size": 1}}
+    )
+    assert empty.current_size is None and empty.volume_id == "" and not empty.deleting
+
+
+def test_status_dict_omits_empty_fields() -> None:
+    assert status_dict(volume_id="u", code=0, message="", current_size=GiB) == {
+        "volumeID": "u",
+        "currentSize": "1Gi",
+    }
+    assert status_dict(volume_id="", code=8, message="no space", current_size=None) == {
+        "code": 8,
+        "message": "no space",
+    }
+
+
+def test_crd_files_are_rendered_from_the_code() -> None:
+    for name, text in crd_files().items():
+        assert (REPO / "deploy" / "crds" / name).read_text() == text, (
+            f"deploy/crds/{name} is stale: run python -m topolvm.k8s.crd deploy/crds"
+        )
+
+
+def test_crds_differ_only_in_group() -> None:
+    a, b = logicalvolume_crd("topolvm.io"), logicalvolume_crd("topolvm.cybozu.com")
+    assert a["metadata"]["name"] == "logicalvolumes.topolvm.io"
+    assert b["metadata"]["name"] == "logicalvolumes.topolvm.cybozu.com"
+    text_a = yaml.safe_dump(a).replace("topolvm.io", "G")
+    text_b = yaml.safe_dump(b).replace("topolvm.cybozu.com", "G")
+    assert text_a == text_b
+    version = a["spec"]["versions"][0]
+    assert a["spec"]["scope"] == "Cluster" and version["subresources"] == {"status": {}}
+    schema = version["schema"]["openAPIV3Schema"]["properties"]
+    assert schema["spec"]["required"] == ["name", "nodeName", "size"]
+    assert set(schema["spec"]["properties"]) == {
+        "name", "nodeName", "size", "deviceClass", "lvcreateOptionClass", "source", "accessType"
+    }  # fmt: skip
+    assert set(schema["status"]["properties"]) == {"volumeID", "code", "message", "currentSize"}
+
+
+def test_names_normal_and_legacy(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert NORMAL.capacity_annotation("") == "capacity.topolvm.io/00default"
+    assert NORMAL.capacity_annotation("ssd") == "capacity.topolvm.io/ssd"
+    assert LEGACY.lv_finalizer == "topolvm.cybozu.com/logicalvolume"
+    assert LEGACY.topology_key == "topology.topolvm.cybozu.com/node"
+    assert NORMAL.capacity_resource == "topolvm.io/capacity"
+    monkeypatch.setenv("USE_LEGACY", "1")
+    assert names() is LEGACY
+    monkeypatch.setenv("USE_LEGACY", "")
+    assert names() is NORMAL
+
+
+def test_capacity_annotations_thick_and_thin() -> None:
+    msg = pb.WatchResponse(free_bytes=100)
+    msg.items.add(device_class="ssd", free_bytes=100, size_bytes=200)
+    thin = msg.items.add(device_class="thin", free_bytes=50, size_bytes=200)
+    thin.thin_pool.overprovision_bytes = 500
+    assert capacity_annotations(LEGACY, msg) == {
+        "capacity.topolvm.cybozu.com/00default": "100",
+        "capacity.topolvm.cybozu.com/ssd": "100",
+        "capacity.topolvm.cybozu.com/thin": "500",
+    }
+
+
+async def test_work_queue_dedups_and_serializes_per_key() -> None:
+    running: set[str] = set()
+    overlaps: list[str] = []
+    calls: list[str] = []
+    gate = asyncio.Event()
+
+    async def reconcile(key: str) -> Result | None:
+        if key in running:
+            overlaps.append(key)
+        running.add(key)
+        calls.append(key)
+        await gate.wait()
+        running.discard(key)
+        return None
+
+    ctl = Controller("t", reconcile, workers=4)
+    task = asyncio.create_task(ctl.run())
+    for _ in range(5):
+        ctl.enqueue("a")
+    ctl.enqueue("b")
+    await asyncio.sleep(0.05)
+    assert sorted(calls) == ["a", "b"]  # five adds of "a" while queued = one run
+    ctl.enqueue("a")  # added while "a" runs: runs again afterwards, not concurrently
+    await asyncio.sleep(0.05)
+    assert calls.count("a") == 1
+    gate.set()
+    await asyncio.sleep(0.05)
+    assert calls.count("a") == 2 and overlaps == []
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_controller_retries_with_backoff_then_forgets() -> None:
+    attempts: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    async def reconcile(key: str) -> Result | None:
+        attempts.append(loop.time())
+        if len(attempts) < 4:
+            raise RuntimeError("transient")
+        return None
+
+    ctl = Controller("t", reconcile, base_backoff=0.01)
+    task = asyncio.create_task(ctl.run())
+    ctl.enqueue("k")
+    for _ in range(100):
+        if len(attempts) >= 4:
+            break
+        await asyncio.sleep(0.01)
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    assert len(attempts) == 4
+    assert gaps[0] >= 0.009 and gaps[2] >= 0.039  # 10 ms, 20 ms, 40 ms
+    assert ctl.backoff("k") == 0.01  # success forgets the failures
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_requeue_after_and_earliest_delay_wins() -> None:
+    q = WorkQueue()
+    q.add_after("k", 10)
+    q.add_after("k", 0.01)  # an earlier retry replaces the later one
+    key = await asyncio.wait_for(q.get(), 1)
+    assert key == "k"
+    q.done("k")
+    q.close()
