@@ -18,6 +18,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import yaml
 
@@ -179,7 +180,160 @@ def inside() -> int:
     say(f"\nlvmd log ({len(lines)} lines), last 5:")
     for line in lines[-5:]:
         say("  " + line[:160])
-    return 0 if daemon.returncode == 0 else 1
+    if daemon.returncode != 0:
+        return 1
+    return asyncio.run(node_demo(work, cfg))
+
+
+def kubeconfig(path: Path, server: str) -> Path:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "emulator", "cluster": {"server": server}}],
+        "users": [{"name": "demo", "user": {"token": "demo"}}],
+        "contexts": [{"name": "demo", "context": {"cluster": "emulator", "user": "demo"}}],
+        "current-context": "demo",
+    }))  # fmt: skip
+    return path
+
+
+async def node_demo(work: Path, cfg: Path) -> int:
+    """Part 2: topolvm-node (embedded lvmd) against the Kubernetes API emulator."""
+    from tests.kube_emulator import KubeEmulator
+    from topolvm.constants import NORMAL
+    from topolvm.k8s import api
+    from topolvm.proto import csi_pb2 as csi
+    from topolvm.proto import csi_pb2_grpc as csi_grpc
+
+    say("\n== Part 2: topolvm-node, with lvmd embedded, against a Kubernetes API emulator ==")
+    emu = KubeEmulator()
+    await emu.start()
+    node_name = "demo-node"
+    emu.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node_name}})
+    emu.create({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+                "metadata": {"name": "topolvm.io"}, "spec": {"attachRequired": False}})  # fmt: skip
+    kc = kubeconfig(work / "kubeconfig", emu.url)
+    csi_sock = str(work / "csi.sock")
+    node_log = (work / "node.log").open("w+")
+    cmd = [sys.executable, "-m", "topolvm", "--log-format", "text", "node", "--embed-lvmd",
+           "--config", str(cfg), "--nodename", node_name, "--kubeconfig", str(kc),
+           "--csi-socket", csi_sock, "--metrics-bind-address", "127.0.0.1:18080"]  # fmt: skip
+    say(f"11. API emulator at {emu.url} with Node {node_name} and CSIDriver topolvm.io")
+    say(f"  $ topolvm node --embed-lvmd --config {cfg} --nodename {node_name} ...")
+    proc = await asyncio.create_subprocess_exec(*cmd, stdout=node_log, stderr=node_log)
+
+    async def until(what: str, check: Any, timeout: float = 60) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = check()
+            if value:
+                return value
+            if proc.returncode is not None:
+                break
+            await asyncio.sleep(0.1)
+        node_log.seek(0)
+        raise RuntimeError(f"timed out waiting for {what}; node log:\n{node_log.read()}")
+
+    def lv_obj(name: str) -> dict[str, Any]:
+        return emu.get("logicalvolumes", name, group="topolvm.io") or {}
+
+    kube = api.make_client(server=emu.url)  # plays kubectl and topolvm-controller
+    lv_res = api.logicalvolume_resource(NORMAL)
+    code = 1
+    try:
+        await until("the CSI socket", lambda: Path(csi_sock).exists())
+
+        def capacity() -> dict[str, str]:
+            meta = (emu.get("nodes", node_name) or {}).get("metadata", {})
+            return {k: v for k, v in (meta.get("annotations") or {}).items() if "capacity" in k}
+
+        annos = await until("capacity annotations", capacity)
+        node_meta = (emu.get("nodes", node_name) or {})["metadata"]
+        say("\n12. Node annotations published from lvmd's Watch stream:")
+        for key, value in sorted(annos.items()):
+            say(f"  {key} = {value} ({size(int(value))})")
+        say(f"  finalizers: {node_meta.get('finalizers')}")
+
+        say("\n13. kubectl create: LogicalVolume pvc-0001 (1Gi, default device class)")
+        await kube.create(lv_res.from_dict({
+            "apiVersion": "topolvm.io/v1", "kind": "LogicalVolume",
+            "metadata": {"name": "pvc-0001"},
+            "spec": {"name": "pvc-0001", "nodeName": node_name, "size": "1Gi"}}))  # fmt: skip
+        status = await until("status.volumeID", lambda: lv_obj("pvc-0001").get("status"))
+        uid = status["volumeID"]
+        say(f"  status: {status}")
+        say(f"  finalizers: {lv_obj('pvc-0001')['metadata'].get('finalizers')}")
+        say(
+            "  " + sh(LVM, "lvs", "--noheadings", "-o", "lv_name,lv_size,lv_path", "demovg").strip()
+        )
+
+        target = str(work / "pods" / "demo-pod" / "mount")
+        cap = csi.VolumeCapability(
+            mount=csi.VolumeCapability.MountVolume(fs_type="ext4"),
+            access_mode=csi.VolumeCapability.AccessMode(
+                mode=csi.VolumeCapability.AccessMode.SINGLE_NODE_WRITER
+            ),
+        )
+        async with grpc.aio.insecure_channel(f"unix:{csi_sock}") as ch:
+            ident, node = csi_grpc.IdentityStub(ch), csi_grpc.NodeStub(ch)
+            info = await ident.GetPluginInfo(csi.GetPluginInfoRequest())
+            probe = await ident.Probe(csi.ProbeRequest())
+            ninfo = await node.NodeGetInfo(csi.NodeGetInfoRequest())
+            say(f"\n14. CSI over {csi_sock}: plugin {info.name} {info.vendor_version}, "
+                f"probe ready={probe.ready.value}, node_id={ninfo.node_id}, "
+                f"topology={dict(ninfo.accessible_topology.segments)}")  # fmt: skip
+            say(f"  NodePublishVolume {uid} ext4 -> {target}")
+            await node.NodePublishVolume(csi.NodePublishVolumeRequest(
+                volume_id=uid, target_path=target, volume_capability=cap))  # fmt: skip
+            say("  " + sh("findmnt", "-n", "-o", "SOURCE,FSTYPE,OPTIONS", target).strip())
+            Path(target, "hello.txt").write_text("written before the resize\n")
+            say("  wrote hello.txt; df: " + sh("df", "-h", "--output=size,used", target)
+                .splitlines()[1].strip())  # fmt: skip
+
+            say("\n15. Resize: spec.size 1Gi -> 2Gi (what ControllerExpandVolume does)")
+            await api.patch_merge(kube, lv_res, "pvc-0001", {"spec": {"size": "2Gi"}})
+            await until(
+                "currentSize 2Gi",
+                lambda: lv_obj("pvc-0001").get("status", {}).get("currentSize") == "2Gi",
+            )
+            say(f"  status: {lv_obj('pvc-0001')['status']}")
+            await node.NodeExpandVolume(csi.NodeExpandVolumeRequest(
+                volume_id=uid, volume_path=target,
+                capacity_range=csi.CapacityRange(required_bytes=2 * GiB)))  # fmt: skip
+            say("  NodeExpandVolume online; df: " + sh("df", "-h", "--output=size,used", target)
+                .splitlines()[1].strip())  # fmt: skip
+            say("  hello.txt still reads: " + Path(target, "hello.txt").read_text().strip())
+            stats = await node.NodeGetVolumeStats(csi.NodeGetVolumeStatsRequest(
+                volume_id=uid, volume_path=target))  # fmt: skip
+            for u in stats.usage:
+                unit = csi.VolumeUsage.Unit.Name(u.unit)
+                say(f"  NodeGetVolumeStats {unit}: total {u.total} used {u.used}")
+            say(f"  condition: abnormal={stats.volume_condition.abnormal} "
+                f"'{stats.volume_condition.message}'")  # fmt: skip
+
+            say("\n16. NodeUnpublishVolume, then kubectl delete logicalvolume pvc-0001")
+            await node.NodeUnpublishVolume(csi.NodeUnpublishVolumeRequest(
+                volume_id=uid, target_path=target))  # fmt: skip
+            say(f"  target removed: {not Path(target).exists()}")
+        await kube.delete(lv_res, "pvc-0001")
+        await until("the object to go", lambda: not lv_obj("pvc-0001"))
+        left = sh(LVM, "lvs", "--noheadings", "-o", "lv_name", "demovg").split()
+        say(f"  LV removed by the node, then the finalizer: LVs left = {left}")
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get("http://127.0.0.1:18080/metrics") as r,
+        ):
+            text = await r.text()
+        metrics = [ln for ln in text.splitlines() if ln.startswith("topolvm_volumegroup_avail")]
+        say("\n17. /metrics: " + "; ".join(metrics))
+        code = 0
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(proc.wait(), 30)
+        say(f"\n18. SIGTERM -> topolvm-node exited {proc.returncode}")
+        await kube.close()
+        await emu.stop()
+    return code if proc.returncode == 0 else 1
 
 
 def main() -> int:

@@ -10,9 +10,11 @@ from collections.abc import Sequence
 from topolvm import logs
 from topolvm.config.errors import ConfigError
 from topolvm.lvmd import cli as lvmd_cli
+from topolvm.node import cli as node_cli
+from topolvm.scheduler import cli as scheduler_cli
 
 # Upstream's image symlinks component names to one binary; accept being called that way too.
-_ARGV0_COMMANDS = {"lvmd": "lvmd"}
+_ARGV0_COMMANDS = {"lvmd": "lvmd", "topolvm-node": "node"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     lvmd_cli.add_parser(sub)
+    scheduler_cli.add_parser(sub)
+    node_cli.add_parser(sub)
     return parser
 
 

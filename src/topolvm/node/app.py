@@ -1,0 +1,207 @@
+"""topolvm-node: CSI Identity + Node services, the LogicalVolume reconciler and capacity export."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import grpc
+from aiohttp import web
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Node
+from lightkube.resources.storage_v1 import CSIDriver
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import exposition as prom_exposition
+from prometheus_client.process_collector import ProcessCollector
+
+from topolvm.config.lvmd import LvmdConfig
+from topolvm.constants import Names
+from topolvm.k8s import api
+from topolvm.k8s.runtime import Controller, Informer
+from topolvm.lvmd.server import Options
+from topolvm.node.csi_node import NodeService
+from topolvm.node.csi_server import start_csi_server
+from topolvm.node.exporter import CapacityExporter, NodeMetrics
+from topolvm.node.identity import IdentityService
+from topolvm.node.lvmd_client import EmbeddedLvmd, LvmdClient, SocketLvmd
+from topolvm.node.reconciler import LogicalVolumeReconciler
+
+log = logging.getLogger("topolvm.node")
+
+
+class StartupError(Exception):
+    """topolvm-node cannot start; the message says why and what to check."""
+
+
+@dataclass
+class NodeOptions:
+    node_name: str
+    names: Names
+    csi_socket: str
+    lvmd_socket: str = ""
+    embed_lvmd: LvmdConfig | None = None
+    metrics_address: tuple[str, int] | None = ("0.0.0.0", 8080)
+    resync: float = 600.0
+    probe_interval: float = 60.0
+    workers: int = 4
+    lvmd_options: Options = field(default_factory=Options)
+
+
+class InformerVolumeLookup:
+    """Finds a LogicalVolume by ``status.volumeID`` in the informer cache, then in the API."""
+
+    def __init__(self, informer: Informer, client: AsyncClient, names: Names):
+        self.informer = informer
+        self.client = client
+        self.resource = api.logicalvolume_resource(names)
+
+    @staticmethod
+    def _match(objs: list[api.Obj], volume_id: str) -> str | None:
+        for obj in objs:
+            if (obj.get("status") or {}).get("volumeID") == volume_id:
+                return str((obj.get("spec") or {}).get("deviceClass") or "")
+        return None
+
+    async def device_class_of(self, volume_id: str) -> str | None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.informer.synced.wait(), 10)
+        found = self._match(list(self.informer.values()), volume_id)
+        if found is None:  # the cache may lag behind a status update that just happened
+            items, _ = await api.list_all(self.client, self.resource)
+            found = self._match(items, volume_id)
+        return found
+
+
+def metrics_app(registry: CollectorRegistry) -> web.Application:
+    async def handler(_: web.Request) -> web.Response:
+        body = generate_latest(registry)
+        return web.Response(
+            body=body, headers={"Content-Type": prom_exposition.CONTENT_TYPE_LATEST}
+        )
+
+    app = web.Application()
+    app.router.add_get("/metrics", handler)
+    return app
+
+
+class TopolvmNode:
+    """All of topolvm-node's parts, started and stopped together."""
+
+    def __init__(self, client: AsyncClient, options: NodeOptions):
+        self.client = client
+        self.options = options
+        self.names = options.names
+        self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        self.lvmd: LvmdClient
+        self._embedded: EmbeddedLvmd | None = None
+        if options.embed_lvmd is not None:
+            self._embedded = EmbeddedLvmd(options.embed_lvmd, options.lvmd_options)
+            self.lvmd = self._embedded
+        else:
+            self.lvmd = SocketLvmd(options.lvmd_socket)
+        lv_res = api.logicalvolume_resource(self.names)
+        self.informer = Informer(client, lv_res, resync=options.resync)
+        self.reconciler = LogicalVolumeReconciler(client, self.names, options.node_name, self.lvmd)
+        self.controller = Controller(
+            "logicalvolume", self.reconciler.reconcile, workers=options.workers
+        )
+        self.reconciler.watch(self.informer, self.controller)
+        self.metrics = NodeMetrics(self.registry, options.node_name)
+        self.exporter = CapacityExporter(
+            client, self.names, options.node_name, self.lvmd, self.metrics
+        )
+        checks: list[Callable[[], Awaitable[None]]] = []
+        if self._embedded is None:
+            checks.append(self.lvmd.check_health)
+        checks.append(self._check_csidriver)
+        self.identity = IdentityService(self.names, checks, interval=options.probe_interval)
+        self.volumes = InformerVolumeLookup(self.informer, client, self.names)
+        self.node_service = NodeService(options.node_name, self.names, self.lvmd, self.volumes)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._server: grpc.aio.Server | None = None
+        self._metrics_runner: web.AppRunner | None = None
+
+    async def _check_csidriver(self) -> None:
+        obj = await api.get(self.client, CSIDriver, self.names.plugin)
+        if obj is None:
+            raise RuntimeError(f"CSIDriver {self.names.plugin} not found")
+
+    async def check_api(self) -> None:
+        """Fail fast, with a clear message, when the API or this node's Node object is missing."""
+        try:
+            node = await api.get(self.client, Node, self.options.node_name)
+        except Exception as e:
+            raise StartupError(api.describe(e)) from e
+        if node is None:
+            raise StartupError(
+                f"Node {self.options.node_name!r} does not exist in the API: "
+                "check --nodename / NODE_NAME (it must be the Kubernetes node name)"
+            )
+
+    async def start(self) -> None:
+        await self.check_api()
+        if self._embedded is not None:
+            await self._embedded.start()
+        self._tasks = [
+            asyncio.create_task(self.informer.run(), name="informer"),
+            asyncio.create_task(self.controller.run(), name="controller"),
+            asyncio.create_task(self.exporter.run(), name="exporter"),
+        ]
+        await self.identity.start()
+        self._server = await start_csi_server(
+            self.options.csi_socket, self.identity, self.node_service
+        )
+        if self.options.metrics_address is not None:
+            host, port = self.options.metrics_address
+            runner = web.AppRunner(metrics_app(self.registry), access_log=None)
+            await runner.setup()
+            try:
+                await web.TCPSite(runner, host, port).start()
+            except OSError as e:
+                await runner.cleanup()
+                raise StartupError(f"cannot serve metrics on {host}:{port}: {e.strerror}") from e
+            self._metrics_runner = runner
+        log.info(
+            "topolvm-node started",
+            extra={
+                "node": self.options.node_name,
+                "csi_socket": self.options.csi_socket,
+                "embedded_lvmd": self._embedded is not None,
+                "plugin": self.names.plugin,
+            },
+        )
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(5)
+        await self.identity.stop()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
+        await self.lvmd.close()
+        log.info("topolvm-node stopped")
+
+
+async def serve(client: AsyncClient, options: NodeOptions) -> None:
+    node = TopolvmNode(client, options)
+    try:
+        await node.start()
+    except BaseException:
+        await node.stop()
+        raise
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down")
+    await node.stop()

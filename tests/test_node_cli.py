@@ -1,0 +1,91 @@
+"""``topolvm node`` as a process: flag errors and start-up failures with clear messages (host)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.kube_emulator import KubeEmulator
+from tests.kube_fixtures import kube  # noqa: F401
+
+TOPOLVM = [sys.executable, "-m", "topolvm", "--log-format", "text"]
+
+
+def write_kubeconfig(path: Path, server: str) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": server}}],
+                "users": [{"name": "u", "user": {"token": "test"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    return path
+
+
+async def run_node(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *TOPOLVM, "node", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env={"PATH": "/usr/bin:/bin", **(env or {})},
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode()
+
+
+async def test_missing_node_name() -> None:
+    code, out = await run_node("--metrics-bind-address", "0")
+    assert code == 1
+    assert "node name is not given" in out
+
+
+async def test_node_name_from_env_and_unreachable_api(tmp_path: Path) -> None:
+    kubeconfig = write_kubeconfig(tmp_path / "kc", "http://127.0.0.1:9")  # nothing listens
+    code, out = await run_node(
+        "--kubeconfig", str(kubeconfig), "--metrics-bind-address", "0",
+        "--csi-socket", str(tmp_path / "csi.sock"), env={"NODE_NAME": "n1"},
+    )  # fmt: skip
+    assert code == 1
+    assert "cannot reach the Kubernetes API" in out
+
+
+async def test_bad_kubeconfig_file(tmp_path: Path) -> None:
+    code, out = await run_node(
+        "--nodename", "n1", "--kubeconfig", str(tmp_path / "missing"),
+        "--metrics-bind-address", "0",
+    )  # fmt: skip
+    assert code == 1
+    assert "cannot load Kubernetes client configuration" in out
+
+
+async def test_node_object_missing(tmp_path: Path, kube: KubeEmulator) -> None:  # noqa: F811
+    kubeconfig = write_kubeconfig(tmp_path / "kc", kube.url)
+    code, out = await run_node(
+        "--nodename", "ghost", "--kubeconfig", str(kubeconfig), "--metrics-bind-address", "0",
+        "--csi-socket", str(tmp_path / "csi.sock"),
+    )  # fmt: skip
+    assert code == 1
+    assert "Node 'ghost' does not exist" in out
+
+
+async def test_bad_flag_values() -> None:
+    code, out = await run_node("--nodename", "n1", "--metrics-bind-address", "localhost")
+    assert code == 2 and "expected [host]:port" in out
+    code, out = await run_node("--nodename", "n1", "--lvm-path", "/sbin/lvm")
+    assert code == 1 and "--lvm-path only applies with --embed-lvmd" in out
+
+
+async def test_embedded_lvmd_config_errors_are_reported(tmp_path: Path) -> None:
+    cfg = tmp_path / "lvmd.yaml"
+    cfg.write_text("device-classes: []\n")
+    code, out = await run_node("--nodename", "n1", "--embed-lvmd", "--config", str(cfg))
+    assert code == 1
+    assert "device-classes" in out and "at least one" in out
