@@ -1,0 +1,42 @@
+"""Fixtures for tests against the Kubernetes API emulator.
+
+Import them explicitly: ``from tests.kube_fixtures import kube, kube_client  # noqa: F401``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from lightkube import AsyncClient, KubeConfig
+from lightkube.config.models import Cluster, User
+
+from tests.kube_emulator import KubeEmulator
+
+
+def client_for(emu: KubeEmulator, namespace: str = "default") -> AsyncClient:
+    """A lightkube AsyncClient talking to ``emu`` (the caller closes it)."""
+    # KubeConfig.from_server() has no user, which lightkube 1.0.1 rejects ("Missing user").
+    config = KubeConfig.from_one(cluster=Cluster(server=emu.url), user=User(), namespace=namespace)
+    return AsyncClient(config=config, trust_env=False)
+
+
+@pytest.fixture
+async def kube() -> AsyncIterator[KubeEmulator]:
+    """A started :class:`KubeEmulator`, stopped after the test."""
+    emu = KubeEmulator(bookmark_interval=0.2)
+    await emu.start()
+    try:
+        yield emu
+    finally:
+        await emu.stop()
+
+
+@pytest.fixture
+async def kube_client(kube: KubeEmulator) -> AsyncIterator[AsyncClient]:
+    """A lightkube AsyncClient pointed at the ``kube`` emulator, closed after the test."""
+    client = client_for(kube)
+    try:
+        yield client
+    finally:
+        await client.close()
