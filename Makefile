@@ -7,12 +7,12 @@ PY := $(VENV)/bin/python
 APT_PACKAGES := user-mode-linux lvm2 kmod xfsprogs btrfs-progs e2fsprogs iproute2 util-linux
 STAMP := $(VENV)/.installed
 
-.PHONY: help deps apt venv lint typecheck test test-unit demo bench clean
+.PHONY: help deps apt venv lint typecheck test test-unit demo bench bench-scheduler clean
 
 help:
 	@echo "make demo   - boot User-Mode Linux, run lvmd on a file-backed VG, drive it over gRPC"
 	@echo "make test   - ruff, mypy --strict and every pytest tier (unit + real LVM in UML)"
-	@echo "make bench  - lvmd RPCs vs the bare LVM commands, as ratios, inside UML"
+	@echo "make bench  - lvmd RPCs vs the bare LVM commands (inside UML), scheduler extender latency"
 
 deps: apt venv
 
@@ -53,6 +53,10 @@ demo: deps
 
 bench: deps
 	$(PY) -m bench.lvmd_bench
+	$(PY) -m bench.scheduler_bench
+
+bench-scheduler: venv
+	$(PY) -m bench.scheduler_bench
 
 clean:
 	rm -rf $(VENV) .uml .mypy_cache .ruff_cache .pytest_cache src/topolvm/proto/*_pb2*

@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 EventHandler = Callable[[str, Obj], None]
 """Called with ("ADDED" | "MODIFIED" | "DELETED", object) for every change the cache sees."""
 
+SyncHandler = Callable[[bool, str], None]
+"""Called with (True, "") after every successful list, (False, reason) while listing fails."""
+
 
 def object_key(obj: Obj) -> str:
     meta = obj.get("metadata") or {}
@@ -65,11 +68,23 @@ class Informer:
         self.cache: dict[str, Obj] = {}
         self.synced = asyncio.Event()
         self.handlers: list[EventHandler] = []
+        self.sync_handlers: list[SyncHandler] = []
+        self.unsynced_after = 3  # consecutive failures before sync handlers hear about it
         self.kind = getattr(resource, "__name__", str(resource))
         self.lists = 0  # number of full lists done, for tests and diagnostics
 
     def add_handler(self, handler: EventHandler) -> None:
         self.handlers.append(handler)
+
+    def add_sync_handler(self, handler: SyncHandler) -> None:
+        self.sync_handlers.append(handler)
+
+    def _sync(self, ok: bool, reason: str) -> None:
+        for handler in self.sync_handlers:
+            try:
+                handler(ok, reason)
+            except Exception:
+                log.exception("sync handler failed", extra={"kind": self.kind})
 
     def get(self, key: str) -> Obj | None:
         return self.cache.get(key)
@@ -114,6 +129,7 @@ class Informer:
         for obj in fresh.values():
             self._apply("ADDED", obj)
         self.synced.set()
+        self._sync(True, "")
         return rv
 
     async def _watch(self, rv: str) -> None:
@@ -150,6 +166,8 @@ class Informer:
                 failures += 1
                 delay = min(self.max_backoff, 0.2 * 2 ** min(failures, 10))
                 gone = isinstance(e, ApiError) and e.status.code == 410
+                if failures >= self.unsynced_after:
+                    self._sync(False, describe(e))
                 level = logging.INFO if gone else logging.WARNING
                 log.log(
                     level,

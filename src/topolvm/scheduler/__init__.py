@@ -1,0 +1,1 @@
+"""topolvm-scheduler: the kube-scheduler extender that filters and scores nodes by free capacity."""

@@ -1,0 +1,456 @@
+"""The extender's HTTP server: ``/predicate``, ``/prioritize``, ``/status``, ``/metrics``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import prometheus_client
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from topolvm.config.scheduler import SchedulerConfig, default_config
+from topolvm.constants import Names, names
+from topolvm.scheduler.extender import (
+    MAX_SCORE,
+    BadRequest,
+    HostPriority,
+    annotation_lookup,
+    decode_args,
+    decode_node,
+    decode_nodes,
+    decode_raw_nodes,
+    encode_filter_names,
+    encode_filter_nodes,
+    encode_priorities,
+    filter_reason,
+    node_score,
+    requested_capacity,
+    unknown_reason,
+)
+from topolvm.scheduler.nodecache import NodeCache
+
+log = logging.getLogger("topolvm.scheduler")
+access_log = logging.getLogger("topolvm.scheduler.access")
+
+VERBS = ("predicate", "prioritize")
+DEFAULT_WIRING_WARNING_AFTER = 600.0
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+_JSON = "application/json"
+
+
+class Metrics:
+    """The extender's Prometheus metrics, in ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "topolvm_scheduler_requests",
+            "HTTP requests received by the scheduler extender, by path and status code",
+            ["path", "code"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "topolvm_scheduler_request_duration_seconds",
+            "Time to answer an HTTP request, by path",
+            ["path"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.last_request = Gauge(
+            "topolvm_scheduler_last_request_timestamp_seconds",
+            "Unix time of the last /predicate or /prioritize call (from kube-scheduler); "
+            "0 if there was none since start",
+            registry=registry,
+        )
+        self.mode = Gauge(
+            "topolvm_scheduler_mode_info",
+            "Always 1; the labels say how the extender must be wired into kube-scheduler",
+            ["mode", "managed_resource", "node_cache_capable"],
+            registry=registry,
+        )
+        self.cache_nodes = Gauge(
+            "topolvm_scheduler_node_cache_nodes",
+            "Nodes in the extender's node cache (nodeCacheCapable mode)",
+            registry=registry,
+        )
+        self.cache_synced = Gauge(
+            "topolvm_scheduler_node_cache_synced",
+            "1 if the node cache is synced with the API server (nodeCacheCapable mode)",
+            registry=registry,
+        )
+
+
+@dataclass
+class Extender:
+    """Filtering and scoring for one configuration; callable without HTTP (tests, bench)."""
+
+    config: SchedulerConfig = field(default_factory=default_config)
+    cache: NodeCache | None = None
+    names: Names = field(default_factory=names)
+
+    def divisor(self, dc: str) -> float:
+        return self.config.divisors.get(dc, self.config.default_divisor)
+
+    def _need_cache(self) -> NodeCache:
+        if self.cache is None:
+            raise BadRequest(
+                "the request has NodeNames but no Nodes (kube-scheduler is configured with "
+                "nodeCacheCapable: true), but this extender runs without a node cache: start it "
+                "with --node-cache or set nodeCacheCapable: false"
+            )
+        return self.cache
+
+    def predicate(self, body: bytes) -> bytes:
+        args = decode_args(body)
+        requested = requested_capacity(args.pod, self.names)
+        failed: dict[str, str] = {}
+        if args.nodes is not None:
+            raws = decode_raw_nodes(args.nodes)
+            if not requested:
+                return encode_filter_nodes((), failed, whole=args.nodes)
+            passing = []
+            for i, raw in enumerate(raws):
+                meta = decode_node(raw, i)
+                lookup = annotation_lookup(meta.annotations, self.names)
+                reason = filter_reason(lookup, requested, self.names)
+                if reason is None:
+                    passing.append(raw)
+                else:
+                    failed[meta.name] = reason
+            return encode_filter_nodes(passing, failed)
+        node_names = args.node_names or []
+        cache = self._need_cache()
+        if not requested:
+            return encode_filter_names(node_names, failed)
+        view = cache.view()
+        if view.unsynced is not None:
+            reason = unknown_reason(requested, view.unsynced)
+            return encode_filter_names([], dict.fromkeys(node_names, reason))
+        # Fast pass: one comprehension per device class; the nodes it drops get their reason
+        # from the exact rules below.
+        candidates = node_names
+        if view.stale:
+            candidates = [n for n in candidates if n not in view.stale]
+        for dc, req in requested.items():
+            caps = view.capacities(dc)
+            candidates = [n for n in candidates if caps.get(n, -1) >= req]
+        if len(candidates) == len(node_names):
+            return encode_filter_names(candidates, failed)
+        passing_set = set(candidates)
+        for name in node_names:
+            if name in passing_set:
+                continue
+            entry = view.get(name)
+            if isinstance(entry, str):
+                failed[name] = unknown_reason(requested, entry)
+                continue
+            reason = filter_reason(entry.lookup, requested, self.names)
+            if reason is not None:
+                failed[name] = reason
+        return encode_filter_names([n for n in node_names if n not in failed], failed)
+
+    def prioritize(self, body: bytes) -> bytes:
+        args = decode_args(body)
+        requested = requested_capacity(args.pod, self.names)
+        if args.nodes is not None:
+            metas = decode_nodes(args.nodes)
+            if not requested:
+                return encode_priorities(None)
+            return encode_priorities(
+                [
+                    HostPriority(
+                        m.name,
+                        node_score(
+                            annotation_lookup(m.annotations, self.names), requested, self.divisor
+                        ),
+                    )
+                    for m in metas
+                ]
+            )
+        cache = self._need_cache()
+        if not requested:
+            return encode_priorities(None)
+        view = cache.view()
+        node_names = args.node_names or []
+        if view.unsynced is not None:
+            return encode_priorities([HostPriority(n, 0) for n in node_names])
+        # Unknown capacity cannot be ranked: 0, like a node without annotations.
+        maps = [view.scores(dc) for dc in requested]
+        stale = view.stale
+        if len(maps) == 1:
+            scores = maps[0]
+            out = [HostPriority(n, 0 if n in stale else scores.get(n, 0)) for n in node_names]
+        else:
+            # Minimum over the device classes the node has; none of them → 0.
+            absent = MAX_SCORE + 1
+            per_dc = [[m.get(n, absent) for n in node_names] for m in maps]
+            out = [
+                HostPriority(n, 0 if s == absent or n in stale else s)
+                for n, s in zip(node_names, map(min, *per_dc), strict=True)
+            ]
+        return encode_priorities(out)
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).isoformat(timespec="milliseconds")
+
+
+class AccessLog(AbstractAccessLogger):
+    """One log record per request, like upstream's access log."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        access_log.info(
+            "access",
+            extra={
+                "status": response.status,
+                "method": request.method,
+                "url": str(request.rel_url),
+                "request_size": request.content_length or 0,
+                "response_size": response.body_length,
+                "remote": request.remote,
+                "user_agent": request.headers.get("User-Agent", ""),
+                "duration_ms": round(time * 1e3, 3),
+            },
+        )
+
+
+@dataclass
+class State:
+    extender: Extender
+    metrics: Metrics
+    wall_clock: Callable[[], float]
+    wiring_warning_after: float
+    started_at: float = 0.0
+    last_request: float | None = None
+    last_request_path: str | None = None
+
+
+STATE = web.AppKey("state", State)
+
+
+def _path_label(request: web.Request, prefix: str) -> str:
+    path = request.path
+    for verb in VERBS:
+        if path == f"{prefix}/{verb}":
+            return verb
+    if path in ("/status", "/metrics"):
+        return path[1:]
+    return "other"
+
+
+def make_app(
+    config: SchedulerConfig | None = None,
+    *,
+    cache: NodeCache | None = None,
+    plugin_names: Names | None = None,
+    registry: CollectorRegistry | None = None,
+    wall_clock: Callable[[], float] = time.time,
+    wiring_warning_after: float = DEFAULT_WIRING_WARNING_AFTER,
+) -> web.Application:
+    """The extender as an aiohttp application. ``cache`` enables nodeCacheCapable requests."""
+    config = config or default_config()
+    if config.node_cache and cache is None:
+        raise ValueError("node-cache mode needs a NodeCache")
+    if cache is not None:
+        cache.use_divisor(config.divisor)
+    registry = registry if registry is not None else CollectorRegistry()
+    metrics = Metrics(registry)
+    plugin_names = plugin_names or names()
+    state = State(
+        extender=Extender(config, cache, plugin_names),
+        metrics=metrics,
+        wall_clock=wall_clock,
+        wiring_warning_after=wiring_warning_after,
+        started_at=wall_clock(),
+    )
+    metrics.mode.labels(
+        "managed-resource" if config.managed_resource else "extender",
+        plugin_names.capacity_resource if config.managed_resource else "",
+        "true" if cache is not None else "false",
+    ).set(1)
+    if cache is not None:
+        metrics.cache_nodes.set_function(lambda: len(cache))
+        metrics.cache_synced.set_function(lambda: 1 if cache.synced else 0)
+    prefix = config.path_prefix
+
+    @web.middleware
+    async def observe(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        started = time.perf_counter()
+        label = _path_label(request, prefix)
+
+        def record(status: int) -> None:
+            metrics.requests.labels(label, str(status)).inc()
+            metrics.latency.labels(label).observe(time.perf_counter() - started)
+
+        try:
+            response = await handler(request)
+        except web.HTTPNotFound:
+            response = web.Response(status=404, text="not found\n")
+        except web.HTTPException as e:
+            record(e.status)
+            raise
+        except Exception:
+            log.exception("unexpected error", extra={"path": request.path})
+            response = web.Response(status=500, text="internal error\n")
+        record(response.status)
+        return response
+
+    app = web.Application(middlewares=[observe], client_max_size=config.max_request_bytes)
+    app[STATE] = state
+    for verb in VERBS:
+        app.router.add_route("*", f"{prefix}/{verb}", _verb_handler(verb))
+    app.router.add_get("/status", _status)
+    app.router.add_get("/metrics", _metrics)
+    app.cleanup_ctx.append(_wiring_watchdog)
+    return app
+
+
+def _verb_handler(verb: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        state = request.app[STATE]
+        now = state.wall_clock()
+        state.last_request, state.last_request_path = now, verb
+        state.metrics.last_request.set(now)
+        if request.method != "POST":
+            return web.Response(
+                status=405,
+                headers={"Allow": "POST"},
+                text=f"method {request.method} not allowed: kube-scheduler calls "
+                f"{request.path} with POST and an ExtenderArgs JSON body\n",
+            )
+        body = await request.read()
+        ext = state.extender
+        try:
+            reply = ext.predicate(body) if verb == "predicate" else ext.prioritize(body)
+        except BadRequest as e:
+            log.warning(
+                f"bad {verb} request: {e}",
+                extra={"path": request.path, "remote": request.remote},
+            )
+            return web.Response(status=400, text=f"bad request: {e}\n")
+        return web.Response(body=reply, content_type=_JSON)
+
+    return handle
+
+
+async def _status(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    ext = state.extender
+    now = state.wall_clock()
+    managed = ext.config.managed_resource
+    last = state.last_request
+    doc: dict[str, Any] = {
+        "status": "ok",
+        "mode": "managed-resource" if managed else "extender",
+        "managedResource": ext.names.capacity_resource if managed else None,
+        "nodeCacheCapable": ext.cache is not None,
+        "startedAt": _iso(state.started_at),
+        "lastRequestTime": _iso(last),
+        "lastRequestPath": state.last_request_path,
+        "secondsSinceLastRequest": None if last is None else round(now - last, 3),
+        "wired": _wired_text(state, now),
+    }
+    cache = ext.cache
+    if cache is not None:
+        doc["nodeCache"] = {
+            "synced": cache.synced,
+            "nodes": len(cache),
+            "maxAgeSeconds": cache.max_age,
+        }
+    return web.Response(body=msgspec.json.encode(doc), content_type=_JSON)
+
+
+def _wired_text(state: State, now: float) -> str:
+    if state.last_request is not None:
+        return (
+            f"yes: kube-scheduler called {state.last_request_path} "
+            f"{now - state.last_request:.0f}s ago"
+        )
+    since = f"no /predicate or /prioritize call since start {now - state.started_at:.0f}s ago"
+    if state.extender.config.managed_resource:
+        return (
+            f"unknown: {since}. In managed-resource mode kube-scheduler only calls for pods "
+            f"requesting {state.extender.names.capacity_resource}; if such pods are Pending with "
+            f"'Insufficient {state.extender.names.capacity_resource}', kube-scheduler is not wired"
+        )
+    return (
+        f"unknown: {since}. kube-scheduler calls this extender for every pod it schedules, so "
+        "it is probably not wired (pods still schedule, without capacity checks)"
+    )
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    registry = request.app[STATE].metrics.registry
+    body = prometheus_client.generate_latest(registry)
+    return web.Response(body=body, headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
+
+
+async def _wiring_watchdog(app: web.Application) -> AsyncIterator[None]:
+    """Warn, every ``wiring_warning_after`` seconds, while kube-scheduler has never called."""
+    state = app[STATE]
+
+    async def watch() -> None:
+        while True:
+            await asyncio.sleep(state.wiring_warning_after)
+            if state.last_request is None:
+                log.warning(
+                    "kube-scheduler has not called the extender yet",
+                    extra={"wired": _wired_text(state, state.wall_clock())},
+                )
+
+    task = asyncio.create_task(watch())
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def serve(app: web.Application, host: str, port: int) -> None:
+    """Serve until SIGTERM/SIGINT, then shut down gracefully."""
+    runner = web.AppRunner(app, access_log_class=AccessLog, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+        state = app[STATE]
+        config = state.extender.config
+        log.info(
+            "topolvm-scheduler started",
+            extra={
+                "listen": f"{host}:{port}",
+                "mode": "managed-resource" if config.managed_resource else "extender",
+                "node_cache": state.extender.cache is not None,
+                "path_prefix": config.path_prefix,
+            },
+        )
+        if config.managed_resource:
+            resource = state.extender.names.capacity_resource
+            log.warning(
+                f"managed-resource mode: pods carrying {resource} stay Pending "
+                f"('Insufficient {resource}') unless kube-scheduler is configured with this "
+                "extender and managedResources (see 'topolvm scheduler print-config "
+                "--managed-resource'); /status and the metric "
+                "topolvm_scheduler_last_request_timestamp_seconds show whether kube-scheduler calls"
+            )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        await runner.cleanup()
