@@ -41,6 +41,7 @@ class LvmdClient(Protocol):
     def watch(self) -> AsyncIterator[pb.WatchResponse]: ...
     async def check_health(self) -> None:
         """Raise :class:`LvmdCallError` unless lvmd answers SERVING."""
+
     async def close(self) -> None: ...
 
 

@@ -1,0 +1,564 @@
+"""CSI Node service of topolvm-node (spec §6.3): publish LVs as filesystems or block devices.
+
+There is no staging: NodePublishVolume formats (only a device blkid reports as empty), mounts
+and grows in one step. Calls for the same volume are serialised; different volumes proceed
+concurrently. Mount state always comes from ``/proc/self/mountinfo``, so mounts left by an
+earlier process are recognised and reused rather than stacked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import stat
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol, TypeVar, cast
+
+import grpc
+
+from topolvm.constants import LEGACY_DEVICE_DIR, Names
+from topolvm.node import mounter
+from topolvm.node.condition import InvalidLvAttr, condition_from_attr
+from topolvm.node.lvmd_client import LvmdCallError, LvmdClient
+from topolvm.proto import csi_pb2 as csi
+from topolvm.proto import csi_pb2_grpc as csi_grpc
+from topolvm.proto import lvmd_pb2 as lvmd_pb
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FSTYPE = "ext4"
+MAX_STACKED_MOUNTS = 64  # unpublish gives up after this many unmounts of one target
+DEFAULT_DEVICE_CLASS = ""
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+Code = grpc.StatusCode
+AccessMode = csi.VolumeCapability.AccessMode
+
+
+class VolumeLookup(Protocol):
+    async def device_class_of(self, volume_id: str) -> str | None:
+        """Device class of the LogicalVolume whose status.volumeID is volume_id.
+
+        None if there is none.
+        """
+
+
+class CsiError(Exception):
+    """Ends an RPC with a gRPC status code."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _context(rpc_name: str, request: Any) -> dict[str, Any]:
+    ctx: dict[str, Any] = {"rpc": rpc_name}
+    for field, key in (
+        ("volume_id", "volume_id"),
+        ("target_path", "target"),
+        ("volume_path", "target"),
+    ):
+        value = getattr(request, field, "")
+        if value:
+            ctx[key] = value
+    return ctx
+
+
+def rpc(fn: F) -> F:
+    """Map errors to gRPC status codes; log every call with volume, target, code and timing."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        started = time.monotonic()
+        ctx = _context(fn.__name__, request)
+        try:
+            result = await fn(self, request, context)
+        except CsiError as e:
+            code, message = e.code, e.message
+        except mounter.UnsupportedFilesystem as e:
+            code, message = Code.INVALID_ARGUMENT, str(e)
+        except LvmdCallError as e:
+            code, message = Code.INTERNAL, f"lvmd: {e.message}"
+        except mounter.MountError as e:
+            code, message = Code.INTERNAL, str(e)
+        except OSError as e:
+            code, message = Code.INTERNAL, str(e)
+        except asyncio.CancelledError:
+            log.info("rpc cancelled", extra={**ctx, "secs": round(time.monotonic() - started, 4)})
+            raise
+        except Exception as e:
+            log.exception("rpc failed unexpectedly", extra=ctx)
+            code, message = Code.INTERNAL, f"{type(e).__name__}: {e}"
+        else:
+            secs = round(time.monotonic() - started, 4)
+            log.info("rpc ok", extra={**ctx, "code": "OK", "secs": secs})
+            return result
+        level = logging.ERROR if code is Code.INTERNAL else logging.WARNING
+        extra = {**ctx, "code": code.name, "secs": round(time.monotonic() - started, 4)}
+        log.log(level, f"rpc failed: {message}", extra=extra)
+        await context.abort(code, message)
+        raise AssertionError("unreachable")  # context.abort raises
+
+    return cast(F, wrapper)
+
+
+class VolumeLocks:
+    """One asyncio lock per volume id, dropped when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, volume_id: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(volume_id, (asyncio.Lock(), 0))
+        self._locks[volume_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[volume_id]
+            if users <= 1:
+                del self._locks[volume_id]
+            else:
+                self._locks[volume_id] = (lock, users - 1)
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+
+def mount_options(
+    readonly: bool, mount: csi.VolumeCapability.MountVolume, fstype: str
+) -> list[str]:
+    """``ro`` if read-only, then the StorageClass mount flags, then ``nouuid`` for xfs."""
+    options = ["ro"] if readonly else []
+    for flag in mount.mount_flags:
+        if flag == "rw" and readonly:
+            raise CsiError(
+                Code.INVALID_ARGUMENT,
+                'mount option "rw" is specified even though read only mode is specified',
+            )
+        if flag:
+            options.append(flag)
+    if fstype == "xfs":
+        options.append("nouuid")  # clones and snapshots share their origin's UUID
+    return options
+
+
+def _require(value: str, what: str) -> None:
+    if not value:
+        raise CsiError(Code.INVALID_ARGUMENT, f"no {what} is provided")
+
+
+def _require_absolute(path: str, what: str) -> None:
+    if not os.path.isabs(path):
+        raise CsiError(Code.INVALID_ARGUMENT, f"{what} must be an absolute path: {path}")
+
+
+def _check_capacity_range(request: csi.NodeExpandVolumeRequest) -> None:
+    required = request.capacity_range.required_bytes
+    limit = request.capacity_range.limit_bytes
+    if required < 0:
+        raise CsiError(Code.INVALID_ARGUMENT, "required capacity must not be negative")
+    if limit < 0:
+        raise CsiError(Code.INVALID_ARGUMENT, "capacity limit must not be negative")
+    if limit != 0 and required > limit:
+        raise CsiError(
+            Code.INVALID_ARGUMENT,
+            f"requested capacity exceeds limit capacity: request={required} limit={limit}",
+        )
+
+
+def _mode_name(mode: int) -> str:
+    try:
+        return AccessMode.Mode.Name(cast(Any, mode))
+    except ValueError:
+        return "UNKNOWN"
+
+
+class NodeService(csi_grpc.NodeServicer):
+    def __init__(self, node_name: str, names: Names, lvmd: LvmdClient, volumes: VolumeLookup):
+        self.node_name = node_name
+        self.names = names
+        self.lvmd = lvmd
+        self.volumes = volumes
+        self.locks = VolumeLocks()
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    async def _find_lv(
+        self, volume_id: str, *, default_class: bool = False
+    ) -> lvmd_pb.LogicalVolume:
+        """The LV backing ``volume_id``; NOT_FOUND if its LogicalVolume or LV is missing.
+
+        With ``default_class`` an unknown LogicalVolume falls back to the default device class
+        (NodeExpandVolume's upstream behaviour).
+        """
+        device_class = await self.volumes.device_class_of(volume_id)
+        fallback = device_class is None
+        if device_class is None:
+            if not default_class:
+                raise CsiError(Code.NOT_FOUND, f"LogicalVolume for volume {volume_id} is not found")
+            device_class = DEFAULT_DEVICE_CLASS
+        try:
+            volumes = await self.lvmd.get_lv_list(device_class)
+        except LvmdCallError as e:
+            if fallback and e.code is Code.NOT_FOUND:
+                raise CsiError(Code.NOT_FOUND, f"failed to find LV: {volume_id}") from e
+            raise CsiError(Code.INTERNAL, f"failed to list LV: {e.message}") from e
+        for lv in volumes:
+            if lv.name == volume_id:
+                if not lv.path:
+                    raise CsiError(Code.INTERNAL, f"lvmd reported no device path for {volume_id}")
+                return lv
+        raise CsiError(Code.NOT_FOUND, f"failed to find LV: {volume_id}")
+
+    # -- publish ---------------------------------------------------------------------------
+
+    @rpc
+    async def NodePublishVolume(
+        self, request: csi.NodePublishVolumeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> csi.NodePublishVolumeResponse:
+        volume_id, target = request.volume_id, request.target_path
+        _require(volume_id, "volume_id")
+        _require(target, "target_path")
+        if not request.HasField("volume_capability"):
+            raise CsiError(Code.INVALID_ARGUMENT, "no volume_capability is provided")
+        capability = request.volume_capability
+        access_type = capability.WhichOneof("access_type")
+        if access_type not in ("block", "mount"):
+            raise CsiError(
+                Code.INVALID_ARGUMENT, "no supported volume capability: neither block nor mount"
+            )
+        mode = capability.access_mode.mode
+        if mode != AccessMode.SINGLE_NODE_WRITER:
+            raise CsiError(
+                Code.FAILED_PRECONDITION, f"unsupported access mode: {_mode_name(mode)} ({mode})"
+            )
+        _require_absolute(target, "target_path")
+        fstype, options = "", []
+        if access_type == "mount":
+            fstype = capability.mount.fs_type or DEFAULT_FSTYPE
+            mounter.check_supported(fstype)
+            options = mount_options(request.readonly, capability.mount, fstype)
+        async with self.locks.hold(volume_id):
+            lv = await self._find_lv(volume_id)
+            if access_type == "block":
+                await self._publish_block(volume_id, target, lv.path, request.readonly)
+            else:
+                await self._publish_filesystem(
+                    volume_id, target, lv.path, fstype, options, request.readonly
+                )
+        return csi.NodePublishVolumeResponse()
+
+    async def _publish_filesystem(
+        self,
+        volume_id: str,
+        target: str,
+        device: str,
+        fstype: str,
+        options: list[str],
+        readonly: bool,
+    ) -> None:
+        try:
+            await asyncio.to_thread(os.makedirs, target, 0o755, exist_ok=True)
+        except OSError as e:
+            raise CsiError(Code.INTERNAL, f"mkdir failed: target={target}, error={e}") from e
+        existing = await asyncio.to_thread(mounter.mounts_at, target)
+        if existing:
+            self._check_existing_mount(volume_id, target, device, existing[-1], readonly)
+        current = await mounter.detect_filesystem(device)
+        if current is not None and current != fstype:
+            raise CsiError(
+                Code.INTERNAL,
+                f"target device is already formatted with different filesystem: "
+                f"volume={volume_id}, current={current}, new={fstype}",
+            )
+        if not existing:
+            if current is None:
+                if readonly:
+                    raise CsiError(
+                        Code.INTERNAL,
+                        f"cannot format unformatted volume {volume_id} for a read-only publish",
+                    )
+                log.info(
+                    "formatting volume",
+                    extra={"volume_id": volume_id, "device": device, "fstype": fstype},
+                )
+                await mounter.wipefs(device)
+                await mounter.mkfs(device, fstype)
+                await mounter.mount(device, target, fstype, [*options, "defaults"])
+            else:
+                await mounter.mount(device, target, fstype, options)
+            try:
+                if not readonly:  # a read-only filesystem keeps the mode it was given rw
+                    await asyncio.to_thread(os.chmod, target, 0o2777)
+            except OSError as e:
+                raise CsiError(
+                    Code.INTERNAL, f"chmod 2777 failed: target={target}, error={e}"
+                ) from e
+        if readonly:
+            return  # a read-only mount cannot be grown; the next read-write publish will
+        if await mounter.needs_resize(device, target, fstype):
+            log.info("growing filesystem", extra={"volume_id": volume_id, "target": target})
+            try:
+                await mounter.grow(device, target, fstype)
+            except mounter.MountError as e:
+                raise CsiError(
+                    Code.INTERNAL,
+                    f"failed to resize filesystem {volume_id} (mounted at: {target}): {e}",
+                ) from e
+
+    @staticmethod
+    def _check_existing_mount(
+        volume_id: str, target: str, device: str, top: mounter.MountEntry, readonly: bool
+    ) -> None:
+        """An already-mounted target is fine only if it shows this volume, as requested."""
+        if not mounter.mount_uses_device(top, device):
+            raise CsiError(
+                Code.ALREADY_EXISTS,
+                f"{target} is already mounted from {top.source}, not from volume {volume_id}",
+            )
+        if top.readonly != readonly:
+            now = "read-only" if top.readonly else "read-write"
+            raise CsiError(
+                Code.ALREADY_EXISTS, f"volume {volume_id} is already published {now} at {target}"
+            )
+
+    async def _publish_block(
+        self, volume_id: str, target: str, device: str, readonly: bool
+    ) -> None:
+        rdev = mounter.device_number(device)
+        existing = await asyncio.to_thread(mounter.mounts_at, target)
+        if existing:
+            seen = await asyncio.to_thread(mounter.bind_target_device, target)
+            if seen != rdev:
+                raise CsiError(
+                    Code.ALREADY_EXISTS,
+                    f"{target} is already mounted from {existing[-1].source}, "
+                    f"not from volume {volume_id}",
+                )
+            if existing[-1].readonly != readonly:
+                now = "read-only" if existing[-1].readonly else "read-write"
+                raise CsiError(
+                    Code.ALREADY_EXISTS,
+                    f"volume {volume_id} is already published {now} at {target}",
+                )
+            return
+        try:
+            await asyncio.to_thread(_create_file, target)
+        except OSError as e:
+            raise CsiError(Code.INTERNAL, f"create failed: target={target}, error={e}") from e
+        try:
+            await mounter.bind_mount(device, target, readonly)
+        except mounter.MountError as e:
+            raise CsiError(
+                Code.INTERNAL, f"(bind)mount failed: volume={volume_id}, error={e}"
+            ) from e
+
+    # -- unpublish -------------------------------------------------------------------------
+
+    @rpc
+    async def NodeUnpublishVolume(
+        self, request: csi.NodeUnpublishVolumeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> csi.NodeUnpublishVolumeResponse:
+        volume_id, target = request.volume_id, request.target_path
+        _require(volume_id, "volume_id")
+        _require(target, "target_path")
+        _require_absolute(target, "target_path")
+        async with self.locks.hold(volume_id):
+            await self._unpublish(volume_id, target)
+        return csi.NodeUnpublishVolumeResponse()
+
+    async def _unpublish(self, volume_id: str, target: str) -> None:
+        try:
+            await asyncio.to_thread(os.stat, target)
+        except FileNotFoundError:
+            if not await asyncio.to_thread(mounter.is_mount_point, target):
+                await asyncio.to_thread(_remove_legacy_device, volume_id)
+                return
+            # a mount point whose filesystem is gone: unmount it all the same
+        except OSError as e:
+            if not await asyncio.to_thread(mounter.is_mount_point, target):
+                raise CsiError(Code.INTERNAL, f"stat failed for {target}: {e}") from e
+        # Unmount until nothing is mounted here (stacked mounts from older bugs included).
+        for _ in range(MAX_STACKED_MOUNTS):
+            if not await asyncio.to_thread(mounter.is_mount_point, target):
+                break
+            try:
+                await mounter.umount(target)
+            except mounter.MountError as e:
+                raise CsiError(Code.INTERNAL, f"unmount failed for {target}: error={e}") from e
+        else:
+            raise CsiError(
+                Code.INTERNAL, f"{target} is still mounted after {MAX_STACKED_MOUNTS} unmounts"
+            )
+        try:
+            await asyncio.to_thread(_remove_target, target)
+        except OSError as e:
+            raise CsiError(Code.INTERNAL, f"remove failed for {target}: {e}") from e
+
+    # -- stats -----------------------------------------------------------------------------
+
+    @rpc
+    async def NodeGetVolumeStats(
+        self, request: csi.NodeGetVolumeStatsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> csi.NodeGetVolumeStatsResponse:
+        volume_id, path = request.volume_id, request.volume_path
+        _require(volume_id, "volume_id")
+        _require(path, "volume_path")
+        if not os.path.isabs(path):
+            raise CsiError(Code.NOT_FOUND, f"Volume is not found at {path}")
+        async with self.locks.hold(volume_id):
+            try:
+                st = await asyncio.to_thread(os.stat, path)
+            except FileNotFoundError as e:
+                raise CsiError(Code.NOT_FOUND, f"Volume is not found at {path}") from e
+            except OSError as e:
+                raise CsiError(Code.INTERNAL, f"stat on {path} was failed: {e}") from e
+            if stat.S_ISBLK(st.st_mode):
+                size = await asyncio.to_thread(mounter.device_size, path)
+                return csi.NodeGetVolumeStatsResponse(
+                    usage=[csi.VolumeUsage(unit=csi.VolumeUsage.BYTES, total=size)]
+                )
+            if not stat.S_ISDIR(st.st_mode):
+                raise CsiError(Code.INTERNAL, f"invalid mode bits for {path}: {st.st_mode:o}")
+            fs = await asyncio.to_thread(mounter.fs_stats, path)
+            usage = []
+            if fs.total_bytes > 0:
+                usage.append(
+                    csi.VolumeUsage(
+                        unit=csi.VolumeUsage.BYTES,
+                        total=fs.total_bytes,
+                        used=fs.used_bytes,
+                        available=fs.available_bytes,
+                    )
+                )
+            if fs.total_inodes > 0:
+                usage.append(
+                    csi.VolumeUsage(
+                        unit=csi.VolumeUsage.INODES,
+                        total=fs.total_inodes,
+                        used=fs.used_inodes,
+                        available=fs.free_inodes,
+                    )
+                )
+            lv = await self._find_lv(volume_id)
+            try:
+                condition = condition_from_attr(lv.attr)
+            except InvalidLvAttr as e:
+                raise CsiError(Code.INTERNAL, str(e)) from e
+        return csi.NodeGetVolumeStatsResponse(
+            usage=usage,
+            volume_condition=csi.VolumeCondition(
+                abnormal=condition.abnormal, message=condition.message
+            ),
+        )
+
+    # -- expand ----------------------------------------------------------------------------
+
+    @rpc
+    async def NodeExpandVolume(
+        self, request: csi.NodeExpandVolumeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> csi.NodeExpandVolumeResponse:
+        volume_id, path = request.volume_id, request.volume_path
+        _require(volume_id, "volume_id")
+        _require(path, "volume_path")
+        _check_capacity_range(request)
+        if request.volume_capability.HasField("block"):
+            return csi.NodeExpandVolumeResponse()  # the LV already has its new size
+        async with self.locks.hold(volume_id):
+            lv = await self._find_lv(volume_id, default_class=True)
+            mounts = await asyncio.to_thread(mounter.mounts_at, path) if os.path.isabs(path) else []
+            if not mounts:
+                raise CsiError(Code.INTERNAL, f"filesystem {volume_id} is not mounted at {path}")
+            top = mounts[-1]
+            if await asyncio.to_thread(mounter.bind_target_device, path) == (
+                mounter.device_number(lv.path)
+            ):
+                return csi.NodeExpandVolumeResponse()  # a published block volume
+            if not mounter.mount_uses_device(top, lv.path):
+                raise CsiError(
+                    Code.INTERNAL,
+                    f"{path} is mounted from {top.source}, not from volume {volume_id}",
+                )
+            try:
+                await mounter.grow(lv.path, path, top.fstype)
+            except mounter.MountError as e:
+                raise CsiError(
+                    Code.INTERNAL,
+                    f"failed to resize filesystem {volume_id} (mounted at: {path}): {e}",
+                ) from e
+        return csi.NodeExpandVolumeResponse()
+
+    # -- no staging ------------------------------------------------------------------------
+
+    @rpc
+    async def NodeStageVolume(
+        self, request: csi.NodeStageVolumeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> csi.NodeStageVolumeResponse:
+        raise CsiError(Code.UNIMPLEMENTED, "NodeStageVolume is not implemented")
+
+    @rpc
+    async def NodeUnstageVolume(
+        self, request: csi.NodeUnstageVolumeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> csi.NodeUnstageVolumeResponse:
+        raise CsiError(Code.UNIMPLEMENTED, "NodeUnstageVolume is not implemented")
+
+    # -- info ------------------------------------------------------------------------------
+
+    @rpc
+    async def NodeGetCapabilities(
+        self, request: csi.NodeGetCapabilitiesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> csi.NodeGetCapabilitiesResponse:
+        rpc_cap = csi.NodeServiceCapability.RPC
+        return csi.NodeGetCapabilitiesResponse(
+            capabilities=[
+                csi.NodeServiceCapability(rpc=rpc_cap(type=t))
+                for t in (rpc_cap.GET_VOLUME_STATS, rpc_cap.EXPAND_VOLUME, rpc_cap.VOLUME_CONDITION)
+            ]
+        )
+
+    @rpc
+    async def NodeGetInfo(
+        self, request: csi.NodeGetInfoRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> csi.NodeGetInfoResponse:
+        return csi.NodeGetInfoResponse(
+            node_id=self.node_name,
+            accessible_topology=csi.Topology(segments={self.names.topology_key: self.node_name}),
+        )
+
+
+def _create_file(path: str) -> None:
+    """Create ``path`` as an empty regular file (kept if it exists), mode 0755."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path} is a directory")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o755)
+    os.close(fd)
+    os.chmod(path, 0o755)
+
+
+def _remove_target(path: str) -> None:
+    """Remove an unmounted target: rmdir (never recursive: leftovers are kept) or unlink."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        os.rmdir(path)
+    else:
+        os.unlink(path)
+
+
+def _remove_legacy_device(volume_id: str) -> None:
+    """Remove ``/dev/topolvm/<volume_id>`` left by old releases (a device node, never a dir)."""
+    if "/" in volume_id or volume_id in (".", ".."):
+        return
+    path = os.path.join(LEGACY_DEVICE_DIR, volume_id)
+    with contextlib.suppress(OSError):
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            os.unlink(path)

@@ -1,0 +1,133 @@
+"""CSI Identity service (spec §6.1), shared by topolvm-node and topolvm-controller."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import grpc
+
+from topolvm.constants import Names
+from topolvm.proto import csi_pb2 as csi
+from topolvm.proto import csi_pb2_grpc as csi_grpc
+
+log = logging.getLogger(__name__)
+
+Check = Callable[[], Awaitable[None]]
+"""A readiness check: returns when the dependency is usable, raises otherwise."""
+
+DEFAULT_INTERVAL = 60.0
+CHECK_TIMEOUT = 10.0
+
+
+def vendor_version() -> str:
+    try:
+        return importlib.metadata.version("topolvm")
+    except importlib.metadata.PackageNotFoundError:
+        return "devel"
+
+
+class ReadinessChecker:
+    """Runs ``checks`` in order at start and every ``interval`` seconds.
+
+    ``ready`` turns true after the first fully successful round and stays true; ``error`` is the
+    failure of the latest round (None when it passed).
+    """
+
+    def __init__(
+        self,
+        checks: Sequence[Check],
+        interval: float = DEFAULT_INTERVAL,
+        timeout: float = CHECK_TIMEOUT,
+    ):
+        self.checks = list(checks)
+        self.interval = interval
+        self.timeout = timeout
+        self.ready = False
+        self.error: Exception | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def check_once(self) -> None:
+        try:
+            for check in self.checks:
+                await asyncio.wait_for(check(), self.timeout)
+        except TimeoutError:
+            self.error = TimeoutError(f"readiness check timed out after {self.timeout}s")
+        except Exception as e:
+            self.error = e
+        else:
+            if not self.ready:
+                log.info("readiness checks passed")
+            self.ready, self.error = True, None
+            return
+        log.warning(f"readiness check failed: {self.error}")
+
+    async def _loop(self) -> None:
+        while True:
+            await self.check_once()
+            await asyncio.sleep(self.interval)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="csi-readiness")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+class IdentityService(csi_grpc.IdentityServicer):
+    def __init__(
+        self,
+        names: Names,
+        checks: Sequence[Check] = (),
+        interval: float = DEFAULT_INTERVAL,
+        check_timeout: float = CHECK_TIMEOUT,
+    ):
+        self.names = names
+        self.version = vendor_version()
+        self.checker = ReadinessChecker(checks, interval, check_timeout)
+
+    async def start(self) -> None:
+        """Start the readiness checker; its first round runs in the background."""
+        self.checker.start()
+
+    async def stop(self) -> None:
+        await self.checker.stop()
+
+    async def GetPluginInfo(
+        self, request: csi.GetPluginInfoRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> csi.GetPluginInfoResponse:
+        return csi.GetPluginInfoResponse(name=self.names.plugin, vendor_version=self.version)
+
+    async def GetPluginCapabilities(
+        self,
+        request: csi.GetPluginCapabilitiesRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> csi.GetPluginCapabilitiesResponse:
+        cap = csi.PluginCapability
+        return csi.GetPluginCapabilitiesResponse(
+            capabilities=[
+                cap(service=cap.Service(type=cap.Service.CONTROLLER_SERVICE)),
+                cap(service=cap.Service(type=cap.Service.VOLUME_ACCESSIBILITY_CONSTRAINTS)),
+                cap(volume_expansion=cap.VolumeExpansion(type=cap.VolumeExpansion.ONLINE)),
+                cap(volume_expansion=cap.VolumeExpansion(type=cap.VolumeExpansion.OFFLINE)),
+            ]
+        )
+
+    async def Probe(
+        self, request: csi.ProbeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> csi.ProbeResponse:
+        error = self.checker.error
+        if error is not None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error) or repr(error))
+        resp = csi.ProbeResponse()
+        resp.ready.value = self.checker.ready
+        return resp
