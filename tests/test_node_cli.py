@@ -89,3 +89,21 @@ async def test_embedded_lvmd_config_errors_are_reported(tmp_path: Path) -> None:
     code, out = await run_node("--nodename", "n1", "--embed-lvmd", "--config", str(cfg))
     assert code == 1
     assert "device-classes" in out and "at least one" in out
+
+
+async def test_component_names_as_argv0(tmp_path: Path) -> None:
+    """Upstream's image symlinks each component name to one binary; so can ours."""
+    script = Path(sys.executable).parent / "topolvm"
+    for name, sub in (
+        ("lvmd", "lvmd"),
+        ("topolvm-node", "node"),
+        ("topolvm-scheduler", "scheduler"),
+    ):
+        link = tmp_path / name
+        link.symlink_to(script)
+        proc = await asyncio.create_subprocess_exec(
+            str(link), "--help", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        out, _ = await proc.communicate()
+        assert proc.returncode == 0
+        assert out.decode().startswith(f"usage: topolvm {sub} ")

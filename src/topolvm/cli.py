@@ -14,7 +14,7 @@ from topolvm.node import cli as node_cli
 from topolvm.scheduler import cli as scheduler_cli
 
 # Upstream's image symlinks component names to one binary; accept being called that way too.
-_ARGV0_COMMANDS = {"lvmd": "lvmd", "topolvm-node": "node"}
+_ARGV0_COMMANDS = {"lvmd": "lvmd", "topolvm-node": "node", "topolvm-scheduler": "scheduler"}
 
 
 def build_parser() -> argparse.ArgumentParser:
