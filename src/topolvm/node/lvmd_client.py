@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from typing import Any, NoReturn, Protocol
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -18,6 +18,8 @@ from topolvm.config.lvmd import LvmdConfig
 from topolvm.lvmd.server import LvmdServer, Options, check_device_classes
 from topolvm.proto import lvmd_pb2 as pb
 from topolvm.proto import lvmd_pb2_grpc as pb_grpc
+
+T = TypeVar("T")
 
 
 class LvmdCallError(Exception):
@@ -60,49 +62,34 @@ class SocketLvmd:
         self._vg = pb_grpc.VGServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
-    async def create_lv(self, request: pb.CreateLVRequest) -> pb.CreateLVResponse:
+    @staticmethod
+    async def _call(call: Awaitable[T]) -> T:
         try:
-            return await self._lv.CreateLV(request, timeout=self.timeout)
+            return await call
         except grpc.aio.AioRpcError as e:
             raise _from_rpc_error(e) from None
+
+    async def create_lv(self, request: pb.CreateLVRequest) -> pb.CreateLVResponse:
+        return await self._call(self._lv.CreateLV(request, timeout=self.timeout))
 
     async def remove_lv(self, request: pb.RemoveLVRequest) -> None:
-        try:
-            await self._lv.RemoveLV(request, timeout=self.timeout)
-        except grpc.aio.AioRpcError as e:
-            raise _from_rpc_error(e) from None
+        await self._call(self._lv.RemoveLV(request, timeout=self.timeout))
 
     async def resize_lv(self, request: pb.ResizeLVRequest) -> pb.ResizeLVResponse:
-        try:
-            return await self._lv.ResizeLV(request, timeout=self.timeout)
-        except grpc.aio.AioRpcError as e:
-            raise _from_rpc_error(e) from None
+        return await self._call(self._lv.ResizeLV(request, timeout=self.timeout))
 
     async def create_lv_snapshot(
         self, request: pb.CreateLVSnapshotRequest
     ) -> pb.CreateLVSnapshotResponse:
-        try:
-            return await self._lv.CreateLVSnapshot(request, timeout=self.timeout)
-        except grpc.aio.AioRpcError as e:
-            raise _from_rpc_error(e) from None
+        return await self._call(self._lv.CreateLVSnapshot(request, timeout=self.timeout))
 
     async def get_lv_list(self, device_class: str) -> list[pb.LogicalVolume]:
-        try:
-            resp = await self._vg.GetLVList(
-                pb.GetLVListRequest(device_class=device_class), timeout=self.timeout
-            )
-        except grpc.aio.AioRpcError as e:
-            raise _from_rpc_error(e) from None
-        return list(resp.volumes)
+        req = pb.GetLVListRequest(device_class=device_class)
+        return list((await self._call(self._vg.GetLVList(req, timeout=self.timeout))).volumes)
 
     async def get_free_bytes(self, device_class: str) -> int:
-        try:
-            resp = await self._vg.GetFreeBytes(
-                pb.GetFreeBytesRequest(device_class=device_class), timeout=self.timeout
-            )
-        except grpc.aio.AioRpcError as e:
-            raise _from_rpc_error(e) from None
-        return int(resp.free_bytes)
+        req = pb.GetFreeBytesRequest(device_class=device_class)
+        return int((await self._call(self._vg.GetFreeBytes(req, timeout=self.timeout))).free_bytes)
 
     async def watch(self) -> AsyncIterator[pb.WatchResponse]:
         call = self._vg.Watch(pb.Empty())
@@ -115,10 +102,8 @@ class SocketLvmd:
             call.cancel()
 
     async def check_health(self) -> None:
-        try:
-            resp = await self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
-        except grpc.aio.AioRpcError as e:
-            raise _from_rpc_error(e) from None
+        req = health_pb2.HealthCheckRequest(service="")
+        resp = await self._call(self._health.Check(req, timeout=10))
         if resp.status != health_pb2.HealthCheckResponse.SERVING:
             status = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
             raise LvmdCallError(grpc.StatusCode.UNAVAILABLE, f"lvmd is not serving: {status}")
