@@ -8,8 +8,12 @@ filter, prioritize, decode, ...) so that drift hits every column alike. The head
 median(filter) + median(prioritize) over median(decode): one scheduling cycle's extender cost in
 units of "just reading the request". Stdlib ``json.loads`` is shown for reference.
 
-Then nodeCacheCapable mode at 5000 nodes: the cache holds 5000 Nodes, requests carry names only;
-p50/p99 latency of each verb. The bench prints figures; it never fails on them.
+Then nodeCacheCapable mode at 5000 nodes: the cache holds 5000 Nodes, requests carry names only
+(a pod asking for two device classes, which about a fifth of the nodes cannot offer); after a
+warm-up, p50/p99 latency of each verb over ``--cache-rounds`` interleaved requests, repeated
+``--cache-repeats`` times (the spread shows how noisy the machine is; the load average is
+printed with it). ``--sizes ''`` skips the first part. The bench prints figures; it never fails
+on them.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
@@ -35,6 +40,7 @@ GiB = 1 << 30
 SIZES = (100, 1000, 5000)
 TARGET_RATIO_AT_1000 = 1.5
 TARGET_CACHE_P99_MS = 5.0
+CACHE_WARMUP_ROUNDS = 20
 
 
 def make_node(i: int, annotations: dict[str, str] | None = None) -> dict[str, Any]:
@@ -190,7 +196,7 @@ def percentile(values: list[float], p: float) -> float:
 
 
 async def measure(
-    sizes: tuple[int, ...], rounds: int, cache_nodes: int, cache_rounds: int
+    sizes: tuple[int, ...], rounds: int, cache_nodes: int, cache_rounds: int, cache_repeats: int = 1
 ) -> dict[str, Any]:
     results: dict[str, Any] = {"full": [], "cache": None}
     config = parse_scheduler_config("max-request-bytes: 1073741824\n")
@@ -222,27 +228,41 @@ async def measure(
         try:
             async with aiohttp.ClientSession() as session:
                 body = names_body([n["metadata"]["name"] for n in nodes])
-                for _ in range(5):
+                async with session.post(base + "/predicate", data=body) as resp:
+                    reply = await resp.json()
+                mix = (len(reply["NodeNames"]), len(reply["FailedNodes"]))
+                for _ in range(CACHE_WARMUP_ROUNDS):
                     await post(session, base + "/predicate", body)
                     await post(session, base + "/prioritize", body)
-                flt, pri = [], []
-                for _ in range(cache_rounds):
-                    flt.append(await post(session, base + "/predicate", body))
-                    pri.append(await post(session, base + "/prioritize", body))
-                results["cache"] = (cache_nodes, len(body), flt, pri)
+                runs = []
+                for _ in range(max(1, cache_repeats)):
+                    load = os.getloadavg()[0]
+                    flt, pri = [], []
+                    for _ in range(cache_rounds):
+                        flt.append(await post(session, base + "/predicate", body))
+                        pri.append(await post(session, base + "/prioritize", body))
+                    runs.append((load, flt, pri))
+                results["cache"] = (cache_nodes, len(body), mix, runs)
         finally:
             await runner.cleanup()
     return results
 
 
 def report(results: dict[str, Any]) -> None:
+    if results["full"]:
+        report_full(results["full"])
+    if results["cache"] is not None:
+        report_cache(results["cache"])
+
+
+def report_full(full: list[tuple[int, int, float, float, float, float]]) -> None:
     print("\ntopolvm-scheduler over HTTP vs decoding the request body (msgspec), same run; medians")
     head = (
         f"{'nodes':>6}{'body MiB':>10}{'decode ms':>11}{'filter ms':>11}{'prio ms':>9}"
         f"{'(f+p)/dec':>11}{'f/dec':>7}{'p/dec':>7}{'json.loads ms':>15}{'target':>9}"
     )
     print(head)
-    for n, size, dec, std, flt, pri in results["full"]:
+    for n, size, dec, std, flt, pri in full:
         ratio = (flt + pri) / dec
         target = ""
         if n == 1000:
@@ -254,17 +274,29 @@ def report(results: dict[str, Any]) -> None:
             f"{pri * 1e3:>9.2f}{ratio:>11.2f}{flt / dec:>7.2f}{pri / dec:>7.2f}"
             f"{std * 1e3:>15.2f}  {target}"
         )
-    if results["cache"] is not None:
-        n, size, flt, pri = results["cache"]
-        print(f"\nnodeCacheCapable mode, {n} node names per request ({size / 1024:.0f} KiB body)")
-        print(f"{'verb':<12}{'rounds':>7}{'p50 ms':>9}{'p99 ms':>9}{'target p99':>12}")
+
+
+def report_cache(cache: tuple[int, int, tuple[int, int], list[Any]]) -> None:
+    n, size, (passing, failing), runs = cache
+    print(
+        f"\nnodeCacheCapable mode, {n} node names per request ({size / 1024:.0f} KiB body), "
+        f"{passing} pass / {failing} fail the filter; {CACHE_WARMUP_ROUNDS} warm-up rounds"
+    )
+    print(f"{'verb':<12}{'rounds':>7}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'target p99':>12}")
+    p99s: dict[str, list[float]] = {"predicate": [], "prioritize": []}
+    for i, (load, flt, pri) in enumerate(runs, 1):
+        print(f"run {i}/{len(runs)}, load average {load:.2f}")
         for verb, values in (("predicate", flt), ("prioritize", pri)):
             p99 = percentile(values, 99) * 1e3
+            p99s[verb].append(p99)
             mark = " ok" if p99 <= TARGET_CACHE_P99_MS else " OVER"
             print(
                 f"{verb:<12}{len(values):>7}{percentile(values, 50) * 1e3:>9.2f}{p99:>9.2f}"
-                f"{'<= ' + str(TARGET_CACHE_P99_MS):>12}{mark}"
+                f"{max(values) * 1e3:>9.2f}{'<= ' + str(TARGET_CACHE_P99_MS):>12}{mark}"
             )
+    if len(runs) > 1:
+        for verb, values in p99s.items():
+            print(f"{verb} p99 over {len(runs)} runs: {min(values):.2f} .. {max(values):.2f} ms")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,9 +305,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--cache-nodes", type=int, default=5000)
     p.add_argument("--cache-rounds", type=int, default=300)
+    p.add_argument("--cache-repeats", type=int, default=3)
     args = p.parse_args(argv)
     sizes = tuple(int(s) for s in args.sizes.split(",") if s)
-    results = asyncio.run(measure(sizes, args.rounds, args.cache_nodes, args.cache_rounds))
+    results = asyncio.run(
+        measure(sizes, args.rounds, args.cache_nodes, args.cache_rounds, args.cache_repeats)
+    )
     report(results)
     return 0
 

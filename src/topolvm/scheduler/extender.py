@@ -212,6 +212,33 @@ def capacity_score(capacity: int, divisor: float) -> int:
 Capacity = tuple[int | None, str] | None
 
 
+def missing_annotation_reason(dc: str, req: int, names: Names) -> str:
+    return (
+        f"no capacity annotation {names.capacity_prefix}{dc} for device-class {dc}: "
+        f"requested {req} bytes, available unknown"
+    )
+
+
+def bad_annotation_reason(dc: str, req: int, raw: str, names: Names) -> str:
+    return (
+        f"bad capacity annotation: {raw} (annotation {names.capacity_prefix}{dc} of "
+        f"device-class {dc}): requested {req} bytes, available unknown"
+    )
+
+
+def out_of_space_reason(dc: str, req: int, available: int) -> str:
+    return out_of_space_prefix(dc, req) + available_bytes(available)
+
+
+def out_of_space_prefix(dc: str, req: int) -> str:
+    return f"out of VG free space for device-class {dc}: requested {req} bytes, "
+
+
+def available_bytes(available: int) -> str:
+    """The end of :func:`out_of_space_reason`, which the node cache keeps for every node."""
+    return f"available {available} bytes"
+
+
 def filter_reason(
     lookup: Callable[[str], Capacity], requested: dict[str, int], names: Names
 ) -> str | None:
@@ -220,21 +247,12 @@ def filter_reason(
     for dc, req in requested.items():
         cap = lookup(dc)
         if cap is None:
-            return (
-                f"no capacity annotation {names.capacity_prefix}{dc} for device-class {dc}: "
-                f"requested {req} bytes, available unknown"
-            )
+            return missing_annotation_reason(dc, req, names)
         value, raw = cap
         if value is None:
-            return (
-                f"bad capacity annotation: {raw} (annotation {names.capacity_prefix}{dc} of "
-                f"device-class {dc}): requested {req} bytes, available unknown"
-            )
+            return bad_annotation_reason(dc, req, raw, names)
         if value < req:
-            return (
-                f"out of VG free space for device-class {dc}: requested {req} bytes, "
-                f"available {value} bytes"
-            )
+            return out_of_space_reason(dc, req, value)
     return None
 
 

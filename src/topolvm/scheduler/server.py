@@ -21,7 +21,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from topolvm.config.scheduler import SchedulerConfig, default_config
 from topolvm.constants import Names, names
 from topolvm.scheduler.extender import (
-    MAX_SCORE,
     BadRequest,
     HostPriority,
     annotation_lookup,
@@ -136,28 +135,8 @@ class Extender:
         if view.unsynced is not None:
             reason = unknown_reason(requested, view.unsynced)
             return encode_filter_names([], dict.fromkeys(node_names, reason))
-        # Fast pass: one comprehension per device class; the nodes it drops get their reason
-        # from the exact rules below.
-        candidates = node_names
-        if view.stale:
-            candidates = [n for n in candidates if n not in view.stale]
-        for dc, req in requested.items():
-            caps = view.capacities(dc)
-            candidates = [n for n in candidates if caps.get(n, -1) >= req]
-        if len(candidates) == len(node_names):
-            return encode_filter_names(candidates, failed)
-        passing_set = set(candidates)
-        for name in node_names:
-            if name in passing_set:
-                continue
-            entry = view.get(name)
-            if isinstance(entry, str):
-                failed[name] = unknown_reason(requested, entry)
-                continue
-            reason = filter_reason(entry.lookup, requested, self.names)
-            if reason is not None:
-                failed[name] = reason
-        return encode_filter_names([n for n in node_names if n not in failed], failed)
+        fitting, failed = view.filter(node_names, requested, self.names)
+        return encode_filter_names(fitting, failed)
 
     def prioritize(self, body: bytes) -> bytes:
         args = decode_args(body)
@@ -185,20 +164,7 @@ class Extender:
         if view.unsynced is not None:
             return encode_priorities([HostPriority(n, 0) for n in node_names])
         # Unknown capacity cannot be ranked: 0, like a node without annotations.
-        maps = [view.scores(dc) for dc in requested]
-        stale = view.stale
-        if len(maps) == 1:
-            scores = maps[0]
-            out = [HostPriority(n, 0 if n in stale else scores.get(n, 0)) for n in node_names]
-        else:
-            # Minimum over the device classes the node has; none of them → 0.
-            absent = MAX_SCORE + 1
-            per_dc = [[m.get(n, absent) for n in node_names] for m in maps]
-            out = [
-                HostPriority(n, 0 if s == absent or n in stale else s)
-                for n, s in zip(node_names, map(min, *per_dc), strict=True)
-            ]
-        return encode_priorities(out)
+        return view.priorities(node_names, tuple(requested))
 
 
 def _iso(ts: float | None) -> str | None:
