@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import socket
 import stat
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from topolvm.lvm.report import Report
 from topolvm.lvmd.capacity import PoolMissing, find_pool
 from topolvm.lvmd.service import Lvmd
 from topolvm.lvmd.state import DEFAULT_REFRESH_INTERVAL, LvmState
+from topolvm.process import until_terminated
 from topolvm.proto import lvmd_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
@@ -126,11 +126,7 @@ async def serve(config: LvmdConfig, options: Options | None = None) -> None:
     """Run until SIGTERM/SIGINT, then shut down gracefully."""
     server = LvmdServer(config, options)
     await server.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await until_terminated()
     log.info("shutting down: waiting for in-flight requests")
     await server.stop()
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -29,6 +28,7 @@ from topolvm.node.exporter import CapacityExporter, NodeMetrics
 from topolvm.node.identity import IdentityService
 from topolvm.node.lvmd_client import EmbeddedLvmd, LvmdClient, SocketLvmd
 from topolvm.node.reconciler import LogicalVolumeReconciler
+from topolvm.process import until_terminated
 
 log = logging.getLogger("topolvm.node")
 
@@ -198,10 +198,6 @@ async def serve(client: AsyncClient, options: NodeOptions) -> None:
     except BaseException:
         await node.stop()
         raise
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await until_terminated()
     log.info("shutting down")
     await node.stop()

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import datetime
 import logging
-import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from topolvm.config.scheduler import SchedulerConfig, default_config
 from topolvm.constants import Names, names
+from topolvm.process import until_terminated
 from topolvm.scheduler.extender import (
     BadRequest,
     HostPriority,
@@ -412,11 +412,7 @@ async def serve(app: web.Application, host: str, port: int) -> None:
                 "--managed-resource'); /status and the metric "
                 "topolvm_scheduler_last_request_timestamp_seconds show whether kube-scheduler calls"
             )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await until_terminated()
         log.info("shutting down")
     finally:
         await runner.cleanup()
