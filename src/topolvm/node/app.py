@@ -23,7 +23,7 @@ from topolvm.k8s import api
 from topolvm.k8s.runtime import Controller, Informer
 from topolvm.lvmd.server import Options
 from topolvm.node.csi_node import NodeService
-from topolvm.node.csi_server import start_csi_server
+from topolvm.node.csi_server import start_csi_server, stop_csi_server
 from topolvm.node.exporter import CapacityExporter, NodeMetrics
 from topolvm.node.identity import IdentityService
 from topolvm.node.lvmd_client import EmbeddedLvmd, LvmdClient, SocketLvmd
@@ -178,7 +178,7 @@ class TopolvmNode:
 
     async def stop(self) -> None:
         if self._server is not None:
-            await self._server.stop(5)
+            await stop_csi_server(self._server, self.options.csi_socket, grace=10)
         await self.identity.stop()
         for task in self._tasks:
             task.cancel()
