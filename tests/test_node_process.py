@@ -50,7 +50,15 @@ class NodeProcess:
     async def stop(self) -> int:
         if self.proc.returncode is None:
             self.proc.send_signal(signal.SIGTERM)
-            await asyncio.wait_for(self.proc.wait(), 30)
+            try:
+                await asyncio.wait_for(self.proc.wait(), 60)
+            except TimeoutError:
+                self.proc.kill()  # never leave a node (and its embedded lvmd) running
+                await self.proc.wait()
+                self.out.close()
+                raise AssertionError(
+                    f"topolvm-node ignored SIGTERM for 60 s; log:\n{self.log.read_text()}"
+                ) from None
         self.out.close()
         assert self.proc.returncode is not None
         return self.proc.returncode

@@ -177,18 +177,35 @@ class TopolvmNode:
         )
 
     async def stop(self) -> None:
+        """Stop every part; each step is bounded so that one stuck part cannot keep the
+        process alive (kubelet restarts a stuck node plugin only once it exits)."""
         if self._server is not None:
-            await stop_csi_server(self._server, self.options.csi_socket, grace=10)
-        await self.identity.stop()
+            server = self._server
+            await _bounded("CSI server", stop_csi_server(server, self.options.csi_socket, grace=10))
+        await _bounded("readiness checker", self.identity.stop())
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=STEP_TIMEOUT)
+            for task in pending:  # e.g. an LVM command lvmd lets finish: stop waiting for it
+                log.warning(
+                    "task did not stop in time; cancelling again", extra={"task": task.get_name()}
+                )
+                task.cancel()
         if self._metrics_runner is not None:
-            await self._metrics_runner.cleanup()
-        await self.lvmd.close()
+            await _bounded("metrics server", self._metrics_runner.cleanup())
+        await _bounded("lvmd client", self.lvmd.close())
         log.info("topolvm-node stopped")
+
+
+STEP_TIMEOUT = 15.0
+
+
+async def _bounded(what: str, step: Awaitable[None]) -> None:
+    try:
+        await asyncio.wait_for(step, STEP_TIMEOUT)
+    except TimeoutError:
+        log.error(f"shutdown: {what} did not stop within {STEP_TIMEOUT}s; going on")
 
 
 async def serve(client: AsyncClient, options: NodeOptions) -> None:
