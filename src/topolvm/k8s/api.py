@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx2
@@ -82,10 +82,10 @@ def describe(e: BaseException) -> str:
 
 def to_dict(obj: Any) -> Obj:
     """A lightkube object (typed model or generic dict) as a plain JSON dict."""
-    if isinstance(obj, dict):
-        return copy.deepcopy(dict(obj)) if not hasattr(obj, "to_dict") else obj.to_dict()
-    result: Obj = obj.to_dict()
-    return result
+    if hasattr(obj, "to_dict"):  # lightkube models and generic resources
+        result: Obj = obj.to_dict()
+        return result
+    return copy.deepcopy(dict(obj))
 
 
 def logicalvolume_resource(names: Names) -> type[GenericGlobalResource]:
@@ -117,6 +117,40 @@ async def list_all(client: AsyncClient, res: Resource, **kw: Any) -> tuple[list[
 Mutation = Callable[[Obj], bool]
 """Changes the object in place; returns False when nothing needed changing."""
 
+Write = Callable[[Obj, Obj], Awaitable[Obj | None]]
+"""Stores ``changed`` (read as ``current``); returns the stored object, None if it is gone."""
+
+
+async def _read_modify_write(
+    client: AsyncClient,
+    res: Resource,
+    name: str,
+    mutate: Mutation,
+    write: Write,
+    *,
+    attempts: int = CONFLICT_ATTEMPTS,
+) -> Obj | None:
+    """Read, ``mutate``, ``write``; a 409 Conflict re-reads the object and applies ``mutate``
+    again. Returns the stored object (None if it no longer exists)."""
+    for attempt in range(1, attempts + 1):
+        current = await get(client, res, name)
+        if current is None:
+            return None
+        changed = copy.deepcopy(current)
+        if not mutate(changed):
+            return current
+        try:
+            return await write(current, changed)
+        except ApiError as e:
+            if not is_conflict(e) or attempt == attempts:
+                raise
+            log.info(
+                "write conflict, retrying with the latest version",
+                extra={"object": name, "attempt": attempt},
+            )
+            await asyncio.sleep(min(0.05 * attempt, 0.5))
+    raise AssertionError("unreachable")
+
 
 async def modify(
     client: AsyncClient,
@@ -132,28 +166,13 @@ async def modify(
     ``status=True`` writes through the status subresource. A 409 Conflict re-reads the object and
     applies ``mutate`` again. Returns the stored object (None if it no longer exists).
     """
-    for attempt in range(1, attempts + 1):
-        current = await get(client, res, name)
-        if current is None:
-            return None
-        changed = copy.deepcopy(current)
-        if not mutate(changed):
-            return current
-        try:
-            if status:
-                result = await client.replace(res.Status.from_dict(changed), name=name)
-            else:
-                result = await client.replace(res.from_dict(changed))
-            return to_dict(result)
-        except ApiError as e:
-            if not is_conflict(e) or attempt == attempts:
-                raise
-            log.info(
-                "write conflict, retrying with the latest version",
-                extra={"object": name, "attempt": attempt, "status_subresource": status},
-            )
-            await asyncio.sleep(min(0.05 * attempt, 0.5))
-    raise AssertionError("unreachable")
+
+    async def replace(_: Obj, changed: Obj) -> Obj:
+        if status:
+            return to_dict(await client.replace(res.Status.from_dict(changed), name=name))
+        return to_dict(await client.replace(res.from_dict(changed)))
+
+    return await _read_modify_write(client, res, name, mutate, replace, attempts=attempts)
 
 
 async def patch_merge(client: AsyncClient, res: Resource, name: str, patch: Obj, **kw: Any) -> Obj:
@@ -169,22 +188,30 @@ def finalizers(obj: Obj) -> list[str]:
 async def set_finalizer(
     client: AsyncClient, res: Resource, name: str, finalizer: str, present: bool
 ) -> Obj | None:
-    """Add or remove one finalizer, keeping the others; conflict-safe. None if gone."""
-    for attempt in range(1, CONFLICT_ATTEMPTS + 1):
-        obj = await get(client, res, name)
-        if obj is None:
-            return None
+    """Add or remove one finalizer, keeping the others; conflict-safe. None if gone.
+
+    A merge patch carrying the resourceVersion, not a replace: a Node must never lose fields
+    that the client's model does not know.
+    """
+
+    def mutate(obj: Obj) -> bool:
         current = finalizers(obj)
         if (finalizer in current) == present:
-            return obj
+            return False
         wanted = [*current, finalizer] if present else [f for f in current if f != finalizer]
-        meta = {"resourceVersion": obj["metadata"]["resourceVersion"], "finalizers": wanted}
+        obj["metadata"]["finalizers"] = wanted
+        return True
+
+    async def patch(current: Obj, changed: Obj) -> Obj | None:
+        meta = {
+            "resourceVersion": current["metadata"]["resourceVersion"],
+            "finalizers": changed["metadata"]["finalizers"],
+        }
         try:
             return await patch_merge(client, res, name, {"metadata": meta})
         except ApiError as e:
             if is_not_found(e):
                 return None
-            if not is_conflict(e) or attempt == CONFLICT_ATTEMPTS:
-                raise
-            await asyncio.sleep(min(0.05 * attempt, 0.5))
-    raise AssertionError("unreachable")
+            raise
+
+    return await _read_modify_write(client, res, name, mutate, patch)

@@ -90,7 +90,7 @@ class LogicalVolumeReconciler:
         await api.set_finalizer(self.client, self.resource, lv.name, self.names.lv_finalizer, False)
 
     async def _create(self, lv: LogicalVolume) -> None:
-        if lv.code != grpc.StatusCode.OK.value[0]:
+        if lv.code != 0:
             return  # a failed create is final: the controller deletes the object
         existing = await self._find_lv(lv)
         if existing is not None:
