@@ -13,8 +13,7 @@ from aiohttp import web
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.storage_v1 import CSIDriver
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client import exposition as prom_exposition
+from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
 from topolvm.config.lvmd import LvmdConfig
@@ -22,6 +21,7 @@ from topolvm.constants import Names
 from topolvm.k8s import api
 from topolvm.k8s.runtime import Controller, Informer
 from topolvm.lvmd.server import Options
+from topolvm.metrics import metrics_response
 from topolvm.node.csi_node import NodeService
 from topolvm.node.csi_server import start_csi_server, stop_csi_server
 from topolvm.node.exporter import CapacityExporter, NodeMetrics
@@ -78,10 +78,7 @@ class InformerVolumeLookup:
 
 def metrics_app(registry: CollectorRegistry) -> web.Application:
     async def handler(_: web.Request) -> web.Response:
-        body = generate_latest(registry)
-        return web.Response(
-            body=body, headers={"Content-Type": prom_exposition.CONTENT_TYPE_LATEST}
-        )
+        return metrics_response(registry)
 
     app = web.Application()
     app.router.add_get("/metrics", handler)

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-import prometheus_client
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from topolvm.config.scheduler import SchedulerConfig, default_config
 from topolvm.constants import Names, names
+from topolvm.metrics import metrics_response
 from topolvm.process import until_terminated
 from topolvm.scheduler.extender import (
     BadRequest,
@@ -360,9 +360,7 @@ def _wired_text(state: State, now: float) -> str:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    registry = request.app[STATE].metrics.registry
-    body = prometheus_client.generate_latest(registry)
-    return web.Response(body=body, headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
+    return metrics_response(request.app[STATE].metrics.registry)
 
 
 async def _wiring_watchdog(app: web.Application) -> AsyncIterator[None]:
