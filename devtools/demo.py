@@ -185,20 +185,11 @@ def inside() -> int:
     return asyncio.run(node_demo(work, cfg))
 
 
-def kubeconfig(path: Path, server: str) -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "emulator", "cluster": {"server": server}}],
-        "users": [{"name": "demo", "user": {"token": "demo"}}],
-        "contexts": [{"name": "demo", "context": {"cluster": "emulator", "user": "demo"}}],
-        "current-context": "demo",
-    }))  # fmt: skip
-    return path
-
-
 async def node_demo(work: Path, cfg: Path) -> int:
     """Part 2: topolvm-node (embedded lvmd) against the Kubernetes API emulator."""
+    from tests.helpers import eventually
     from tests.kube_emulator import KubeEmulator
+    from tests.kube_fixtures import write_kubeconfig
     from topolvm.constants import NORMAL
     from topolvm.k8s import api
     from topolvm.proto import csi_pb2 as csi
@@ -211,7 +202,7 @@ async def node_demo(work: Path, cfg: Path) -> int:
     emu.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node_name}})
     emu.create({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
                 "metadata": {"name": "topolvm.io"}, "spec": {"attachRequired": False}})  # fmt: skip
-    kc = kubeconfig(work / "kubeconfig", emu.url)
+    kc = write_kubeconfig(work / "kubeconfig", emu.url)
     csi_sock = str(work / "csi.sock")
     node_log = (work / "node.log").open("w+")
     cmd = [sys.executable, "-m", "topolvm", "--log-format", "text", "node", "--embed-lvmd",
@@ -221,17 +212,14 @@ async def node_demo(work: Path, cfg: Path) -> int:
     say(f"  $ topolvm node --embed-lvmd --config {cfg} --nodename {node_name} ...")
     proc = await asyncio.create_subprocess_exec(*cmd, stdout=node_log, stderr=node_log)
 
-    async def until(what: str, check: Any, timeout: float = 60) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = check()
-            if value:
-                return value
-            if proc.returncode is not None:
-                break
-            await asyncio.sleep(0.1)
+    def log_text() -> str:
         node_log.seek(0)
-        raise RuntimeError(f"timed out waiting for {what}; node log:\n{node_log.read()}")
+        return f"node log:\n{node_log.read()}"
+
+    async def until(what: str, check: Any, timeout: float = 60) -> Any:
+        return await eventually(
+            what, check, timeout, gave_up=lambda: proc.returncode is not None, details=log_text
+        )
 
     def lv_obj(name: str) -> dict[str, Any]:
         return emu.get("logicalvolumes", name, group="topolvm.io") or {}

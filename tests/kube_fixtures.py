@@ -6,8 +6,10 @@ Import them explicitly: ``from tests.kube_fixtures import kube, kube_client  # n
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
+import yaml
 from lightkube import AsyncClient, KubeConfig
 from lightkube.config.models import Cluster, User
 
@@ -40,3 +42,20 @@ async def kube_client(kube: KubeEmulator) -> AsyncIterator[AsyncClient]:
         yield client
     finally:
         await client.close()
+
+
+def write_kubeconfig(path: Path, server: str) -> Path:
+    """A kubeconfig file for ``server``, for processes that tests and the demo start."""
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": server}}],
+                "users": [{"name": "u", "user": {"token": "test"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    return path

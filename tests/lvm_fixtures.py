@@ -19,6 +19,15 @@ from topolvm.proto import lvmd_pb2_grpc as pb_grpc
 
 GiB = 1 << 30
 THICK_DC: dict[str, Any] = {"name": "ssd", "volume-group": "vg1", "default": True}
+# Device classes on vg1 with 1 GiB spare: thick (the default) and thin on pool0 (ratio 5).
+THICK: dict[str, Any] = {**THICK_DC, "spare-gb": 1}
+THIN: dict[str, Any] = {
+    "name": "thin",
+    "volume-group": "vg1",
+    "type": "thin",
+    "spare-gb": 1,
+    "thin-pool": {"name": "pool0", "overprovision-ratio": 5.0},
+}
 LVM = "/sbin/lvm"
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import free_port
 from tests.lvm_fixtures import THICK_DC, VolumeGroups, lvmd_config, write_config
 
 TOPOLVM = [sys.executable, "-m", "topolvm"]
@@ -25,13 +26,6 @@ def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
         [*TOPOLVM, "--log-format", "text", *args],
         capture_output=True, text=True, timeout=timeout, check=False,
     )  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 # -- host-side: nothing here reaches LVM ------------------------------------------------------

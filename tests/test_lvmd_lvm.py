@@ -12,22 +12,13 @@ from typing import Any
 import grpc
 import pytest
 
-from tests.lvm_fixtures import GiB, LvmdClient, VolumeGroups, lvm
+from tests.lvm_fixtures import THICK, THIN, GiB, LvmdClient, VolumeGroups, lvm
 from topolvm.config.lvmd import LvmdConfig
 from topolvm.lvmd.server import LvmdServer, StartupError
 from topolvm.proto import lvmd_pb2 as pb
 
 pytestmark = pytest.mark.uml
 MiB = 1 << 20
-
-THICK = {"name": "ssd", "volume-group": "vg1", "default": True, "spare-gb": 1}
-THIN = {
-    "name": "thin",
-    "volume-group": "vg1",
-    "type": "thin",
-    "spare-gb": 1,
-    "thin-pool": {"name": "pool0", "overprovision-ratio": 5.0},
-}
 
 
 async def code_of(call: Awaitable[Any]) -> tuple[grpc.StatusCode, str]:

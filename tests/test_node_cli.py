@@ -6,28 +6,10 @@ import asyncio
 import sys
 from pathlib import Path
 
-import yaml
-
 from tests.kube_emulator import KubeEmulator
-from tests.kube_fixtures import kube  # noqa: F401
+from tests.kube_fixtures import kube, write_kubeconfig  # noqa: F401
 
 TOPOLVM = [sys.executable, "-m", "topolvm", "--log-format", "text"]
-
-
-def write_kubeconfig(path: Path, server: str) -> Path:
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {"server": server}}],
-                "users": [{"name": "u", "user": {"token": "test"}}],
-                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "x",
-            }
-        )
-    )
-    return path
 
 
 async def run_node(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:

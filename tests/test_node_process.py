@@ -14,10 +14,10 @@ import grpc
 import pytest
 import yaml
 
+from tests.helpers import eventually
 from tests.kube_emulator import KubeEmulator
-from tests.kube_fixtures import kube  # noqa: F401
-from tests.lvm_fixtures import VolumeGroups, lvm, lvmd_config
-from tests.test_node_cli import write_kubeconfig
+from tests.kube_fixtures import kube, write_kubeconfig  # noqa: F401
+from tests.lvm_fixtures import THICK, VolumeGroups, lvm, lvmd_config
 from topolvm.constants import NORMAL
 from topolvm.k8s import api
 from topolvm.proto import csi_pb2 as csi
@@ -25,7 +25,6 @@ from topolvm.proto import csi_pb2_grpc as csi_grpc
 
 pytestmark = pytest.mark.uml
 NODE = "node1"
-THICK = {"name": "ssd", "volume-group": "vg1", "default": True, "spare-gb": 1}
 
 
 class NodeProcess:
@@ -36,16 +35,13 @@ class NodeProcess:
         self.csi_socket = csi_socket
 
     async def until(self, what: str, check: Callable[[], Any], timeout: float = 60) -> Any:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while loop.time() < deadline:
-            value = check()
-            if value:
-                return value
-            if self.proc.returncode is not None:
-                break
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}; log:\n{self.log.read_text()}")
+        return await eventually(
+            what,
+            check,
+            timeout,
+            gave_up=lambda: self.proc.returncode is not None,
+            details=lambda: f"log:\n{self.log.read_text()}",
+        )
 
     async def stop(self) -> int:
         if self.proc.returncode is None:

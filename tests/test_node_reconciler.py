@@ -14,9 +14,10 @@ from lightkube import AsyncClient
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.helpers import eventually
 from tests.kube_emulator import KubeEmulator
 from tests.kube_fixtures import kube  # noqa: F401
-from tests.lvm_fixtures import VolumeGroups, lvm
+from tests.lvm_fixtures import THICK, THIN, VolumeGroups, lvm
 from topolvm.constants import LEGACY, NORMAL, Names
 from topolvm.k8s import api
 from topolvm.k8s.runtime import Controller, Informer
@@ -29,14 +30,6 @@ pytestmark = pytest.mark.uml
 GiB = 1 << 30
 MiB = 1 << 20
 NODE = "node1"
-
-THICK = {"name": "ssd", "volume-group": "vg1", "default": True, "spare-gb": 1}
-THIN = {
-    "name": "thin",
-    "volume-group": "vg1",
-    "type": "thin",
-    "thin-pool": {"name": "pool0", "overprovision-ratio": 5.0},
-}
 
 
 def lvs(vg: str = "vg1") -> dict[str, dict[str, str]]:
@@ -78,15 +71,7 @@ class Env:
         return str(api.to_dict(created)["metadata"]["uid"])
 
     async def wait_for(self, what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            value = check()
-            if value:
-                return value
-            if loop.time() > deadline:
-                raise AssertionError(f"timed out waiting for {what}")
-            await asyncio.sleep(0.05)
+        return await eventually(what, check, timeout)
 
     async def wait_status(self, name: str, timeout: float = 30.0) -> dict[str, Any]:
         def status() -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from bench import scheduler_bench
+from tests.helpers import free_port
 
 TOPOLVM = [sys.executable, "-m", "topolvm", "--log-format", "text"]
 DATA = Path(__file__).parent / "data" / "scheduler"
@@ -27,13 +28,6 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         [*TOPOLVM, *args], capture_output=True, text=True, timeout=60, check=False,
         env={**os.environ, **(env or {})},
     )  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def test_bad_config_exits_1_naming_the_key(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,19 +13,12 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.helpers import free_port
 from tests.kube_emulator import KubeEmulator
-from tests.kube_fixtures import kube  # noqa: F401
-from tests.test_node_cli import write_kubeconfig
+from tests.kube_fixtures import kube, write_kubeconfig  # noqa: F401
 
 DATA = Path(__file__).parent / "data" / "scheduler"
 GiB = 1 << 30
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def node(name: str, **caps: int) -> dict[str, Any]:

@@ -1,0 +1,42 @@
+"""Small helpers shared by test modules (and the demo)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+from typing import Any
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+async def eventually(
+    what: str,
+    check: Callable[[], Any],
+    timeout: float = 30.0,
+    *,
+    gave_up: Callable[[], bool] = lambda: False,
+    details: Callable[[], str] = lambda: "",
+    interval: float = 0.05,
+) -> Any:
+    """Poll ``check()`` until it returns something truthy and return that.
+
+    Stops early once ``gave_up()`` is true (say, the process under test exited). On failure
+    raises AssertionError naming ``what``, followed by ``details()`` (say, a log).
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if loop.time() > deadline or gave_up():
+            extra = details()
+            raise AssertionError(f"timed out waiting for {what}" + (f"; {extra}" if extra else ""))
+        await asyncio.sleep(interval)
