@@ -1,9 +1,49 @@
-"""Process lifecycle shared by the daemons."""
+"""Process plumbing shared by the daemons: termination signals and running commands."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
+from collections.abc import Mapping, Sequence
+
+
+class CommandTimedOut(Exception):
+    """The command ran past its timeout and was killed; ``stderr`` is what it wrote."""
+
+    def __init__(self, stderr: bytes):
+        super().__init__("timed out")
+        self.stderr = stderr
+
+
+async def run_captured(
+    argv: Sequence[str], timeout: float, env: Mapping[str, str]
+) -> tuple[int, bytes, bytes]:
+    """Run ``argv`` without a shell; return (exit status, stdout, stderr).
+
+    Past ``timeout`` the command is killed (:class:`CommandTimedOut`). If the caller is
+    cancelled, the command still runs to its end (within ``timeout``): LVM, mkfs, mount and
+    resize are not safe to interrupt half-way. ``OSError`` if it cannot be started.
+    """
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=dict(env),
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        _, err = await proc.communicate()
+        raise CommandTimedOut(err) from None
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await asyncio.shield(asyncio.wait_for(proc.communicate(), timeout))
+        raise
+    return (proc.returncode if proc.returncode is not None else -1), out, err
 
 
 async def until_terminated() -> None:

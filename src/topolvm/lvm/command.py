@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -12,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from topolvm.lvm.errors import LvmError, LvmTimeout, ReportError
+from topolvm.process import CommandTimedOut, run_captured
 
 log = logging.getLogger(__name__)
 
@@ -39,33 +38,17 @@ class LvmRunner:
         limit = self.timeout if timeout is None else timeout
         self.calls += 1
         started = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=self._env,
-        )
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), limit)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            _, err = await proc.communicate()
+            rc, out, err = await run_captured(argv, limit, self._env)
+        except CommandTimedOut as e:
             raise LvmTimeout(
-                argv, None, err.decode(errors="replace"), f"timed out after {limit}s"
+                argv, None, e.stderr.decode(errors="replace"), f"timed out after {limit}s"
             ) from None
-        except asyncio.CancelledError:
-            # The caller gave up (e.g. the RPC was cancelled): do not leave LVM running orphaned
-            # mid-way; let it finish, as LVM commands are not safe to interrupt.
-            with contextlib.suppress(Exception):
-                await asyncio.shield(asyncio.wait_for(proc.communicate(), limit))
-            raise
         elapsed = time.monotonic() - started
         stderr = err.decode(errors="replace")
-        if proc.returncode != 0:
-            log.debug("lvm failed", extra={"argv": argv, "rc": proc.returncode, "secs": elapsed})
-            raise LvmError(argv, proc.returncode, stderr)
+        if rc != 0:
+            log.debug("lvm failed", extra={"argv": argv, "rc": rc, "secs": elapsed})
+            raise LvmError(argv, rc, stderr)
         log.debug("lvm ok", extra={"argv": argv, "secs": round(elapsed, 4)})
         return out.decode(errors="replace")
 

@@ -19,6 +19,8 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from topolvm.process import CommandTimedOut, run_captured
+
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 120.0
@@ -74,30 +76,13 @@ async def run_status(
 ) -> tuple[int, str, str]:
     """Run ``argv``; return (exit status, stdout, stderr) when the status is in ``ok``."""
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=_ENV,
-        )
+        rc, out, err = await run_captured(argv, timeout, _ENV)
     except OSError as e:
         raise CommandError(argv, None, str(e), "cannot start") from e
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        _, err = await proc.communicate()
+    except CommandTimedOut as e:
         raise CommandError(
-            argv, None, err.decode(errors="replace"), f"timed out after {timeout}s"
+            argv, None, e.stderr.decode(errors="replace"), f"timed out after {timeout}s"
         ) from None
-    except asyncio.CancelledError:
-        # The RPC was cancelled: let mkfs/mount/resize finish rather than leave them half done.
-        with contextlib.suppress(Exception):
-            await asyncio.shield(asyncio.wait_for(proc.communicate(), timeout))
-        raise
-    rc = proc.returncode if proc.returncode is not None else -1
     stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
     if rc not in ok:
         raise CommandError(argv, rc, stderr)
