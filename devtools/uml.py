@@ -8,13 +8,15 @@ a file on the shared filesystem.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +44,7 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t tmpfs -o mode=0755 tmpfs /run
 ip link set lo up
-mkdir -p /lib/modules /run/lock/lvm /run/lvm /run/tmp
+{network}mkdir -p /lib/modules /run/lock/lvm /run/lvm /run/tmp
 chmod 1777 /run/tmp
 mount --bind {modules} /lib/modules
 for m in dm-mod dm-thin-pool dm-snapshot; do modprobe $m || echo "modprobe $m failed"; done
@@ -55,6 +57,12 @@ cd {cwd}
 echo $? > {rc_file}
 sync
 poweroff -f
+"""
+
+
+NET_SETUP = """\
+ip link set eth0 up
+ip addr add {address} dev eth0
 """
 
 
@@ -81,22 +89,38 @@ def disk_devices(count: int) -> list[str]:
     return [f"/dev/ubd{DISK_LETTERS[i]}" for i in range(count)]
 
 
-def run(
+@dataclass
+class Network:
+    """A TAP link: ``tap`` exists in the caller's network namespace; the guest's eth0 gets
+    ``address`` (CIDR) and reaches the host at ``gateway``."""
+
+    tap: str
+    address: str
+    gateway: str
+
+
+@dataclass
+class _Boot:
+    args: list[str]
+    base: Path
+    log_file: Path
+    rc_file: Path
+    host_env: dict[str, str]
+
+
+@contextlib.contextmanager
+def _prepared(
     command: Sequence[str],
     *,
-    disks: Sequence[int] = (16 << 30,) * 4,
-    mem_mb: int = 2048,
-    env: Mapping[str, str] | None = None,
-    cwd: str | os.PathLike[str] | None = None,
-    timeout: float = 1800,
-    capture: bool = False,
-    workdir: str | os.PathLike[str] | None = None,
-) -> UmlResult:
-    """Boot UML, run ``command`` as root inside it, power off; return its exit status.
-
-    ``disks`` are sizes in bytes of fresh sparse files attached as /dev/ubdb, /dev/ubdc, ...
-    The guest environment is ``env`` plus PATH, HOME, LANG, TOPOLVM_UML_DISKS.
-    """
+    disks: Sequence[int],
+    mem_mb: int,
+    env: Mapping[str, str] | None,
+    cwd: str | os.PathLike[str] | None,
+    capture: bool,
+    workdir: str | os.PathLike[str] | None,
+    network: Network | None = None,
+) -> Iterator[_Boot]:
+    """Disk images, init script and kernel arguments; everything is removed on exit."""
     reason = available()
     if reason:
         raise UmlError(reason)
@@ -136,6 +160,10 @@ def run(
             "TOPOLVM_UML_DISKS": " ".join(disk_devices(len(disks))),
             **(env or {}),
         }
+        net = ""
+        if network is not None:
+            args.append(f"eth0=tuntap,{network.tap}")
+            net = NET_SETUP.format(address=network.address)
         log_file = base / "console.log"
         rc_file = base / "rc"
         init = base / "init.sh"
@@ -143,6 +171,7 @@ def run(
             INIT.format(
                 modules=shlex.quote(str(MODULES)),
                 lvm_conf=shlex.quote(str(base / "lvm.conf")),
+                network=net,
                 env="\n".join(f"export {k}={shlex.quote(v)}" for k, v in guest_env.items()),
                 cwd=shlex.quote(str(Path(cwd or os.getcwd()).resolve())),
                 command=" ".join(shlex.quote(c) for c in command),
@@ -153,28 +182,93 @@ def run(
         init.chmod(0o755)
         args += [f"init={init}", "con=null", "con0=fd:0,fd:1"]
         # UML maps its memory from a file in TMPDIR; keep that in the private temp dir.
-        host_env = dict(os.environ, TMPDIR=fast_tmp)
+        yield _Boot(args, base, log_file, rc_file, dict(os.environ, TMPDIR=fast_tmp))
+
+
+def run(
+    command: Sequence[str],
+    *,
+    disks: Sequence[int] = (16 << 30,) * 4,
+    mem_mb: int = 2048,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    timeout: float = 1800,
+    capture: bool = False,
+    workdir: str | os.PathLike[str] | None = None,
+    network: Network | None = None,
+) -> UmlResult:
+    """Boot UML, run ``command`` as root inside it, power off; return its exit status.
+
+    ``disks`` are sizes in bytes of fresh sparse files attached as /dev/ubdb, /dev/ubdc, ...
+    The guest environment is ``env`` plus PATH, HOME, LANG, TOPOLVM_UML_DISKS.
+    """
+    with _prepared(
+        command, disks=disks, mem_mb=mem_mb, env=env, cwd=cwd, capture=capture,
+        workdir=workdir, network=network,
+    ) as boot:  # fmt: skip
         try:
             proc = subprocess.run(
-                args,
+                boot.args,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE if capture else None,
                 stderr=subprocess.STDOUT if capture else None,
-                env=host_env,
+                env=boot.host_env,
                 timeout=timeout,
                 check=False,
             )
         except subprocess.TimeoutExpired as e:
             raise UmlError(f"UML did not finish within {timeout}s") from e
         console = (proc.stdout or b"").decode(errors="replace") if capture else ""
-        if log_file.exists():
-            console += log_file.read_text(errors="replace")
-        if not rc_file.exists():
+        if boot.log_file.exists():
+            console += boot.log_file.read_text(errors="replace")
+        if not boot.rc_file.exists():
             raise UmlError(
                 f"UML exited ({proc.returncode}) without the command's status; console:\n"
                 + console[-4000:]
             )
-        return UmlResult(int(rc_file.read_text().strip() or 1), console)
+        return UmlResult(int(boot.rc_file.read_text().strip() or 1), console)
+
+
+@contextlib.contextmanager
+def running(
+    command: Sequence[str],
+    *,
+    console: Path,
+    disks: Sequence[int] = (16 << 30,) * 2,
+    mem_mb: int = 1024,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    network: Network | None = None,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Boot UML running ``command`` in the background (kernel and command output go to
+    ``console``); on exit the guest is killed and its disks and memory file are removed."""
+    with _prepared(
+        command, disks=disks, mem_mb=mem_mb, env=env, cwd=cwd, capture=False,
+        workdir=None, network=network,
+    ) as boot:  # fmt: skip
+        with console.open("ab") as out:
+            proc = subprocess.Popen(
+                boot.args,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=boot.host_env,
+                start_new_session=True,
+            )
+        try:
+            yield proc
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, sig)
+                try:
+                    proc.wait(5)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # UML's helper processes
+            proc.wait()
 
 
 def main() -> int:

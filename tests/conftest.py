@@ -3,23 +3,59 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import os
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+from devtools import gobuild
+from devtools.testbed import process
 from tests import uml_tier
+from tests.cluster_fixtures import *  # noqa: F403  (fixtures for the real-control-plane tier)
+from tests.cluster_fixtures import CLUSTER_BINARIES, report_stats
 from tests.lvm_fixtures import *  # noqa: F403  (fixtures for the real-LVM tier)
 
 
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
-    if not uml_tier.IN_UML:
-        uml_tier.proxy_items(items)
+    if uml_tier.IN_UML:
+        return
+    uml_tier.proxy_items(items)
+    if any(item.get_closest_marker("cluster") for item in items):
+        _prepare_cluster_tier(config)
+
+
+def _prepare_cluster_tier(config: pytest.Config) -> None:
+    """Build the pinned Kubernetes binaries (needs the module proxy), then move this process
+    into a private network namespace: every packet of the session stays inside it."""
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+        try:
+            gobuild.ensure(*CLUSTER_BINARIES)
+        except gobuild.BuildError as exc:
+            raise pytest.UsageError(f"cannot build the real control plane: {exc}") from exc
+    if process.in_private_netns():
+        return  # already isolated (a developer shell from `python -m devtools.cluster shell`)
+    threads = os.listdir("/proc/self/task")
+    if len(threads) != 1:
+        raise pytest.UsageError(
+            f"the cluster tier must enter its network namespace while pytest has one thread "
+            f"(found {len(threads)})"
+        )
+    process.enter_private_netns()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    line = report_stats()
+    if line:
+        terminalreporter.write_line(line)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 
@@ -37,6 +37,27 @@ async def eventually(
         if value:
             return value
         if loop.time() > deadline or gave_up():
+            extra = details()
+            raise AssertionError(f"timed out waiting for {what}" + (f"; {extra}" if extra else ""))
+        await asyncio.sleep(interval)
+
+
+async def eventually_async(
+    what: str,
+    check: Callable[[], Awaitable[Any]],
+    timeout: float = 60.0,
+    *,
+    details: Callable[[], str] = lambda: "",
+    interval: float = 0.2,
+) -> Any:
+    """:func:`eventually` for an async ``check`` (say, a read from the API server)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = await check()
+        if value:
+            return value
+        if loop.time() > deadline:
             extra = details()
             raise AssertionError(f"timed out waiting for {what}" + (f"; {extra}" if extra else ""))
         await asyncio.sleep(interval)

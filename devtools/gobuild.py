@@ -1,0 +1,257 @@
+"""Build the real Kubernetes components the tests run, from pinned Go modules.
+
+Every version is pinned in ``devtools/gomod/<group>/go.mod`` (with its ``go.sum``); the table
+below names the binaries each group builds. Binaries land in ``.cache/gotools/<group>-<key>/``
+where ``key`` hashes the group's go.mod, go.sum, the build flags and the Go version, so a warm
+run never rebuilds and a changed pin builds into a new folder. Modules come from the Go module
+proxy only; GOMODCACHE and GOCACHE are Go's defaults, so they survive between runs.
+
+    python -m devtools.gobuild            # build whatever is missing, print the paths
+    python -m devtools.gobuild --versions # the pinned versions, one per line
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GOMOD = ROOT / "devtools" / "gomod"
+CACHE = ROOT / ".cache" / "gotools"
+
+K8S_VERSION = "v1.37.2"
+_VERSION_PKG = "k8s.io/component-base/version"
+
+
+@dataclass(frozen=True)
+class Group:
+    """One consumer module and the main packages it builds."""
+
+    name: str
+    binaries: dict[str, str]
+    ldflags: tuple[str, ...] = ()
+    # Modules whose files (not binaries) tests need, copied next to the binaries.
+    files: dict[str, tuple[str, str]] = field(default_factory=dict)
+    cold_minutes: int = 2
+
+
+GROUPS: tuple[Group, ...] = (
+    Group(
+        "k8s",
+        {
+            "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
+            "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+            "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
+            "kubectl": "k8s.io/kubernetes/cmd/kubectl",
+        },
+        ldflags=(
+            f"-X {_VERSION_PKG}.gitVersion={K8S_VERSION}",
+            f"-X {_VERSION_PKG}.gitMajor=1",
+            f"-X {_VERSION_PKG}.gitMinor=37",
+            f"-X {_VERSION_PKG}.gitTreeState=clean",
+        ),
+        cold_minutes=25,
+    ),
+    Group("etcd", {"etcd": "go.etcd.io/etcd/server/v3"}, cold_minutes=4),
+    Group(
+        "provisioner",
+        {
+            "csi-provisioner": "github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner"
+        },
+        cold_minutes=5,
+    ),
+    Group(
+        "resizer",
+        {"csi-resizer": "github.com/kubernetes-csi/external-resizer/v2/cmd/csi-resizer"},
+        cold_minutes=4,
+    ),
+    Group(
+        "snapshotter",
+        {
+            "csi-snapshotter": "github.com/kubernetes-csi/external-snapshotter/v8/cmd/csi-snapshotter",
+            "snapshot-controller": (
+                "github.com/kubernetes-csi/external-snapshotter/v8/cmd/snapshot-controller"
+            ),
+        },
+        files={
+            "snapshot-crds": (
+                "github.com/kubernetes-csi/external-snapshotter/client/v8",
+                "config/crd",
+            )
+        },
+        cold_minutes=5,
+    ),
+    Group("csisanity", {"csi-sanity": "github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity"}),
+)
+
+
+class BuildError(RuntimeError):
+    """A Go build failed; the message carries the command and the tail of its output."""
+
+
+def go_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GO")}
+    for keep in ("GOPATH", "GOMODCACHE", "GOCACHE", "GOPROXY", "GOSUMDB"):
+        if keep in os.environ:
+            env[keep] = os.environ[keep]
+    env.update(GOTOOLCHAIN="local", GOWORK="off", CGO_ENABLED="0", GOFLAGS="-mod=readonly")
+    return env
+
+
+def _go() -> str:
+    go = shutil.which("go") or (
+        "/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists() else None
+    )
+    if go is None:
+        raise BuildError(
+            "the Go toolchain (go) is not installed; Go 1.26 is needed to build the test bed"
+        )
+    return go
+
+
+def _go_version() -> str:
+    out = subprocess.run(
+        [_go(), "version"], capture_output=True, text=True, check=True, env=go_env()
+    )
+    return out.stdout.strip()
+
+
+def cache_dir(group: Group) -> Path:
+    h = hashlib.sha256()
+    for name in ("go.mod", "go.sum"):
+        h.update((GOMOD / group.name / name).read_bytes())
+    h.update(json.dumps([group.binaries, group.ldflags, group.files], sort_keys=True).encode())
+    h.update(_go_version().encode())
+    return CACHE / f"{group.name}-{h.hexdigest()[:12]}"
+
+
+def _run_with_progress(argv: list[str], cwd: Path, label: str, cold_minutes: int) -> None:
+    """Run ``go build -v``; print a line every 15 s with the packages compiled so far."""
+    print(f"gobuild: {label}: cold build, expect about {cold_minutes} min on 2 cores", flush=True)
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        argv, cwd=cwd, env=go_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines: list[str] = []
+    done = threading.Event()
+
+    def ticker() -> None:
+        while not done.wait(15):
+            print(
+                f"gobuild: {label}: {len(lines)} packages, {time.monotonic() - start:.0f}s",
+                flush=True,
+            )
+
+    t = threading.Thread(target=ticker, daemon=True)
+    t.start()
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line.rstrip())
+    rc = proc.wait()
+    done.set()
+    if rc != 0:
+        tail = "\n".join(lines[-30:])
+        raise BuildError(f"{label}: `{' '.join(argv)}` exited {rc} in {cwd}:\n{tail}")
+    print(f"gobuild: {label}: built in {time.monotonic() - start:.0f}s", flush=True)
+
+
+def build(group: Group) -> Path:
+    """Return the folder with ``group``'s binaries, building them first if the cache lacks them."""
+    out = cache_dir(group)
+    if (out / ".complete").exists():
+        return out
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    mod = GOMOD / group.name
+    argv = [_go(), "build", "-v", "-trimpath", "-ldflags", " ".join(("-s", "-w", *group.ldflags))]
+    argv += ["-o", str(tmp) + "/", *group.binaries.values()]
+    _run_with_progress(argv, mod, f"{group.name} ({', '.join(group.binaries)})", group.cold_minutes)
+    for name, pkg in group.binaries.items():
+        # go names a binary after the import path's last element, skipping a /vN suffix.
+        elems = pkg.split("/")
+        built = tmp / (elems[-2] if re.fullmatch(r"v\d+", elems[-1]) else elems[-1])
+        if built.name != name:
+            built.rename(tmp / name)
+    for name, (module, sub) in group.files.items():
+        listed = subprocess.run(
+            [_go(), "list", "-m", "-f", "{{.Dir}}", module],
+            cwd=mod,
+            env=go_env(),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        shutil.copytree(Path(listed.stdout.strip()) / sub, tmp / name)
+        for p in (tmp / name).rglob("*"):
+            p.chmod(0o755 if p.is_dir() else 0o644)
+    (tmp / ".complete").write_text(json.dumps({"go": _go_version(), "built": time.time()}))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def ensure(*names: str) -> dict[str, Path]:
+    """Paths of the named binaries (or file folders), building each missing group once."""
+    wanted = set(names)
+    found: dict[str, Path] = {}
+    for group in GROUPS:
+        provides = set(group.binaries) | set(group.files)
+        if names and not wanted & provides:
+            continue
+        folder = build(group)
+        found.update({n: folder / n for n in provides})
+    unknown = wanted - set(found)
+    if unknown:
+        raise BuildError(f"no group builds {sorted(unknown)}")
+    return found
+
+
+def versions() -> dict[str, str]:
+    """The pinned version of each built tool's module, read from the committed go.mod files."""
+    pins: dict[str, str] = {}
+    for group in GROUPS:
+        text = (GOMOD / group.name / "go.mod").read_text()
+        for pkg in group.binaries.values():
+            for line in text.splitlines():
+                parts = line.replace("require", "").split()
+                if (
+                    len(parts) >= 2
+                    and parts[1].startswith("v")
+                    and (pkg + "/").startswith(parts[0] + "/")
+                ):
+                    pins[pkg] = parts[1]
+                    break
+    return pins
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="binaries to build (default: all)")
+    parser.add_argument("--versions", action="store_true", help="print the pinned versions")
+    args = parser.parse_args()
+    if args.versions:
+        for pkg, ver in versions().items():
+            print(f"{pkg} {ver}")
+        return 0
+    try:
+        for name, path in sorted(ensure(*args.names).items()):
+            print(f"{name}\t{path}")
+    except BuildError as exc:
+        print(f"gobuild: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

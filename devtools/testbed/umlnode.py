@@ -1,0 +1,229 @@
+"""A Kubernetes node played by a User-Mode Linux guest with its own disks and real LVM.
+
+The guest boots with the host filesystem as root, gets a TAP link to the host inside the
+caller's (private) network namespace, and runs ``devtools.testbed.agent``. Through the agent the
+host creates VGs, starts ``topolvm node`` (embedded lvmd) against the real API server and reads
+LVM and mount state; the CSI socket is reachable over TCP at ``csi_target``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devtools import uml
+from devtools.testbed.controlplane import API_PORT, ControlPlane, guest_address, host_address
+from devtools.testbed.process import HarnessError, tail
+
+REPO = Path(__file__).resolve().parents[2]
+AGENT_PORT = 9000
+CSI_PORT = 9100
+CSI_SOCKET = "/run/topolvm/csi-topolvm.sock"
+LVM = "/sbin/lvm"
+GiB = 1 << 30
+
+
+@dataclass
+class Exec:
+    rc: int
+    stdout: str
+    stderr: str
+
+
+@dataclass
+class UmlNode:
+    """Start with :meth:`start`; ``index`` (from 1) picks the TAP link and the addresses."""
+
+    name: str
+    index: int
+    workdir: Path
+    disks: tuple[int, ...] = (16 * GiB, 16 * GiB)
+    mem_mb: int = 768
+    _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
+    _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def tap(self) -> str:
+        return f"tltap{self.index}"
+
+    @property
+    def address(self) -> str:
+        return guest_address(self.index)
+
+    @property
+    def csi_target(self) -> str:
+        return f"{self.address}:{CSI_PORT}"
+
+    @property
+    def console(self) -> Path:
+        return self.workdir / f"{self.name}.console.log"
+
+    @property
+    def disk_devices(self) -> list[str]:
+        return uml.disk_devices(len(self.disks))
+
+    def start(self, timeout: float = 120) -> UmlNode:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        host = host_address(self.index)
+        _ip("tuntap", "add", "dev", self.tap, "mode", "tap")
+        self._stack.callback(_ip, "link", "del", self.tap, check=False)
+        _ip("addr", "add", f"{host}/24", "dev", self.tap)
+        _ip("link", "set", self.tap, "up")
+        agent = [
+            sys.executable, "-m", "devtools.testbed.agent", f"--listen={self.address}",
+            f"--port={AGENT_PORT}", f"--bridge={CSI_PORT}:{CSI_SOCKET}",
+        ]  # fmt: skip
+        try:
+            self._proc = self._stack.enter_context(
+                uml.running(
+                    agent,
+                    console=self.console,
+                    disks=self.disks,
+                    mem_mb=self.mem_mb,
+                    cwd=REPO,
+                    network=uml.Network(self.tap, f"{self.address}/24", host),
+                    env={"TOPOLVM_NODE": self.name},
+                )
+            )
+            deadline = time.monotonic() + timeout
+            while not self._healthy():
+                if self._proc.poll() is not None or time.monotonic() > deadline:
+                    state = "exited" if self._proc.poll() is not None else f"no answer in {timeout}s"
+                    raise HarnessError(
+                        f"UML node {self.name}: agent not reachable ({state}); console "
+                        f"{self.console}:\n{tail(self.console)}"
+                    )
+                time.sleep(0.3)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        self._stack.close()
+        self._proc = None
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self._url("/healthz"), timeout=2) as r:
+                return bool(r.read() == b"ok")
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _url(self, path: str) -> str:
+        return f"http://{self.address}:{AGENT_PORT}{path}"
+
+    def _call(self, path: str, body: dict[str, Any] | None = None, timeout: float = 180) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            self._url(path), data=data, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            return json.loads(exc.read())
+
+    # --- commands and daemons -----------------------------------------------------------
+
+    def exec(self, *argv: str, check: bool = True, timeout: float = 120) -> Exec:
+        res = Exec(**self._call("/exec", {"argv": list(argv), "timeout": timeout}, timeout + 10))
+        if check and res.rc != 0:
+            raise HarnessError(f"{self.name}: {' '.join(argv)} exited {res.rc}: {res.stderr}")
+        return res
+
+    async def aexec(self, *argv: str, check: bool = True, timeout: float = 120) -> Exec:
+        return await asyncio.to_thread(self.exec, *argv, check=check, timeout=timeout)
+
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        res = self._call("/spawn", {"name": name, "argv": argv, "env": env or {}})
+        if "error" in res:
+            raise HarnessError(f"{self.name}: spawn {name}: {res['error']}")
+
+    def signal(self, name: str, sig: str = "SIGTERM", wait: float = 30) -> dict[str, Any]:
+        res: dict[str, Any] = self._call("/signal", {"name": name, "signal": sig, "wait": wait})
+        return res
+
+    def daemon(self, name: str) -> dict[str, Any]:
+        res: dict[str, Any] = self._call(f"/daemon/{name}")
+        return res
+
+    # --- LVM and topolvm-node -----------------------------------------------------------
+
+    def lvm(self, *args: str, check: bool = True) -> str:
+        return self.exec(LVM, *args, check=check).stdout
+
+    def make_vg(self, vg: str, size_gib: float, disk: int = 0) -> None:
+        """A VG named ``vg`` of ``size_gib`` on the guest's disk number ``disk``."""
+        dev = self.disk_devices[disk]
+        self.lvm("pvcreate", "-ff", "-y", "--setphysicalvolumesize", f"{int(size_gib * GiB)}b", dev)
+        self.lvm("vgcreate", "-s", "4m", vg, dev)
+
+    def lvs(self, vg: str) -> dict[str, dict[str, str]]:
+        out = self.lvm(
+            "lvs", vg, "--reportformat", "json", "--units", "b", "--nosuffix",
+            "-o", "lv_name,lv_size,lv_attr,origin,pool_lv",
+        )  # fmt: skip
+        return {r["lv_name"]: r for r in json.loads(out)["report"][0]["lv"]}
+
+    def mounts(self) -> dict[str, dict[str, str]]:
+        """Mount points in the guest: target -> {source, fstype}."""
+        out = self.exec("findmnt", "-J", "-l", "-o", "TARGET,SOURCE,FSTYPE").stdout
+        return {m["target"]: m for m in json.loads(out)["filesystems"]}
+
+    def start_topolvm_node(
+        self,
+        cp: ControlPlane,
+        device_classes: list[dict[str, Any]],
+        *extra: str,
+        name: str = "topolvm-node",
+    ) -> None:
+        """``topolvm node --embed-lvmd`` for this node, against the host's API server."""
+        folder = self.workdir / self.name
+        folder.mkdir(parents=True, exist_ok=True)
+        kubeconfig = cp.write_kubeconfig(
+            folder / "kubeconfig", f"https://{host_address(self.index)}:{API_PORT}"
+        )
+        config = folder / "lvmd.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "socket-name": f"/run/topolvm/{name}-lvmd.sock",
+                    "device-classes": device_classes,
+                    "lvm-command-prefix": [LVM],
+                }
+            )
+        )
+        self.exec("mkdir", "-p", "/run/topolvm")
+        argv = [
+            sys.executable, "-m", "topolvm", "--log-format", "text", "node",
+            f"--nodename={self.name}", "--embed-lvmd", f"--config={config}",
+            f"--kubeconfig={kubeconfig}", f"--csi-socket={CSI_SOCKET}",
+            "--metrics-bind-address=:8080", *extra,
+        ]  # fmt: skip
+        self.spawn(name, argv)
+
+    def stop_topolvm_node(self, name: str = "topolvm-node", sig: str = "SIGTERM") -> None:
+        res = self.signal(name, sig, wait=60)
+        if res.get("running"):
+            self.signal(name, "SIGKILL", wait=10)
+
+    def node_log(self, name: str = "topolvm-node") -> str:
+        return str(self.daemon(name).get("log", ""))
+
+
+def _ip(*args: str, check: bool = True) -> None:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
+    if check and proc.returncode != 0:
+        raise HarnessError(f"ip {' '.join(args)}: {proc.stderr.strip()}")

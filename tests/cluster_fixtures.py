@@ -1,0 +1,211 @@
+"""Fixtures for the real-control-plane tier (tests marked ``cluster``).
+
+The session's pytest process moves into a private network namespace before the first such test
+(``pytest_collection_modifyitems`` in conftest.py), so the control plane's fixed ports and the
+UML nodes' TAP links exist only there and vanish with the process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from lightkube import AsyncClient
+
+from devtools import gobuild
+from devtools.testbed.controlplane import GUEST_SUBNETS, ControlPlane
+from devtools.testbed.kubelet import KubeletStandIn
+from devtools.testbed.process import Child
+from devtools.testbed.umlnode import UmlNode
+from topolvm.k8s.api import make_client
+
+CLUSTER_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+EXTENDER_PORTS = {"topolvm-extender": 9251, "topolvm-marker": 9252}
+_stats: dict[str, float] = {}
+
+
+def peak_rss_mib(pid: int) -> float:
+    """VmHWM (peak resident set) of a live process, in MiB."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """etcd + kube-apiserver + kube-controller-manager + kube-scheduler for the whole session."""
+    bins = gobuild.ensure(*CLUSTER_BINARIES)
+    cp = ControlPlane(tmp_path_factory.mktemp("controlplane"), bins).start()
+    _stats["start_seconds"] = cp.started_in
+    try:
+        yield cp
+    finally:
+        _stats["peak_rss_mib"] = sum(
+            peak_rss_mib(c.proc.pid) for c in cp.children.values() if c.proc is not None
+        )
+        cp.stop()
+
+
+def report_stats() -> str | None:
+    if not _stats:
+        return None
+    return (
+        f"real control plane: started in {_stats.get('start_seconds', 0):.1f}s, "
+        f"peak RSS of its processes {_stats.get('peak_rss_mib', 0):.0f} MiB (sum of VmHWM)"
+    )
+
+
+@pytest.fixture
+async def cluster_client(control_plane: ControlPlane) -> AsyncIterator[AsyncClient]:
+    """A lightkube client with the admin kubeconfig."""
+    client = make_client(str(control_plane.kubeconfig))
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+_free_indices = list(range(1, GUEST_SUBNETS + 1))
+
+
+def short_name(request: pytest.FixtureRequest) -> str:
+    """A DNS-label-safe prefix unique to the test, for cluster-scoped object names."""
+    base = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:30].strip("-")
+    return f"{base}-{os.getpid() % 1000}"
+
+
+UmlNodes = Callable[..., list[UmlNode]]
+
+
+@pytest.fixture
+def uml_nodes(
+    control_plane: ControlPlane, request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[UmlNodes]:
+    """``uml_nodes(count, vg_gib=[...])`` boots UML nodes, each with VG ``vg1`` of the given size
+    on its first disk, registered as Nodes (+ CSINode). Teardown stops topolvm-node, deletes the
+    Node objects and the LogicalVolumes on them, and removes the guests and their TAP links."""
+    started: list[UmlNode] = []
+    prefix = short_name(request)
+
+    def make(count: int = 1, vg_gib: list[float] | None = None) -> list[UmlNode]:
+        sizes = vg_gib or [10.0] * count
+        made = []
+        for i in range(count):
+            if not _free_indices:
+                raise RuntimeError(f"at most {GUEST_SUBNETS} UML nodes at once")
+            node = UmlNode(f"{prefix}-n{len(started) + 1}", _free_indices.pop(0), tmp_path)
+            started.append(node)
+            node.start()
+            node.make_vg("vg1", sizes[i])
+            control_plane.add_node(node.name)
+            made.append(node)
+        return made
+
+    try:
+        yield make
+    finally:
+        for node in started:
+            with contextlib.suppress(Exception):
+                node.stop_topolvm_node()
+        for node in started:
+            control_plane.kubectl("delete", "node", node.name, "--wait=false", check=False)
+            control_plane.kubectl("delete", "csinode", node.name, "--wait=false", check=False)
+            _drop_finalizers(control_plane, "node", node.name)
+            for group in ("logicalvolumes.topolvm.io", "logicalvolumes.topolvm.cybozu.com"):
+                _delete_lvs_on(control_plane, group, node.name)
+            node.stop()
+            _free_indices.append(node.index)
+
+
+def _drop_finalizers(cp: ControlPlane, kind: str, name: str) -> None:
+    cp.kubectl(
+        "patch", kind, name, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False
+    )
+
+
+def _delete_lvs_on(cp: ControlPlane, group: str, node: str) -> None:
+    out = cp.kubectl("get", group, "-o", "yaml", check=False)
+    for item in (yaml.safe_load(out) or {}).get("items", []):
+        if item["spec"].get("nodeName") == node:
+            name = item["metadata"]["name"]
+            cp.kubectl("delete", group, name, "--wait=false", check=False)
+            _drop_finalizers(cp, group, name)
+
+
+@pytest.fixture(scope="session")
+def extenders(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
+    dict[str, Child]
+]:
+    """``topolvm scheduler`` in both modes, each behind its own kube-scheduler profile:
+    pods with ``schedulerName: topolvm-extender`` go through the default mode (every pod is
+    sent), ``topolvm-marker`` through upstream's marker-resource mode."""
+    folder = tmp_path_factory.mktemp("extenders")
+    started: dict[str, Child] = {}
+    try:
+        for profile, port in EXTENDER_PORTS.items():
+            marker = ["--managed-resource"] if profile == "topolvm-marker" else []
+            child = Child(
+                profile,
+                [sys.executable, "-m", "topolvm", "--log-format", "text", "scheduler",
+                 f"--listen=127.0.0.1:{port}", *marker],
+                folder / f"{profile}.log",
+            ).start()  # fmt: skip
+            started[profile] = child
+            child.wait_until("serving /status", lambda p=port: _up(p))  # type: ignore[misc]
+            stanza = subprocess.run(
+                [sys.executable, "-m", "topolvm", "scheduler", "print-config", "--extender-only",
+                 f"--url=http://127.0.0.1:{port}", "--weight=100", *marker],
+                capture_output=True, text=True, check=True,
+            ).stdout  # fmt: skip
+            control_plane.start_scheduler(profile, yaml.safe_load(stanza))
+        yield started
+    finally:
+        for profile in EXTENDER_PORTS:
+            control_plane.stop_scheduler(profile)
+        for child in started.values():
+            child.stop()
+
+
+def _up(port: int) -> bool:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=2) as r:
+        return bool(r.status == 200)
+
+
+@pytest.fixture
+async def kubelet(
+    cluster_client: AsyncClient,
+) -> AsyncIterator[Callable[[list[UmlNode]], KubeletStandIn]]:
+    """``kubelet(nodes)``: the kubelet stand-in for those UML nodes."""
+    made: list[KubeletStandIn] = []
+
+    def make(nodes: list[UmlNode]) -> KubeletStandIn:
+        k = KubeletStandIn(cluster_client, {n.name: n.csi_target for n in nodes})
+        made.append(k)
+        return k
+
+    yield make
+    for k in made:
+        await k.close()
+
+
+_names = itertools.count(1)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{int(time.time()) % 100000}-{next(_names)}"
