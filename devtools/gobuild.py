@@ -31,6 +31,7 @@ CACHE = ROOT / ".cache" / "gotools"
 
 K8S_VERSION = "v1.37.2"
 _VERSION_PKG = "k8s.io/component-base/version"
+_CSI = "github.com/kubernetes-csi"
 
 
 @dataclass(frozen=True)
@@ -65,33 +66,29 @@ GROUPS: tuple[Group, ...] = (
     Group("etcd", {"etcd": "go.etcd.io/etcd/server/v3"}, cold_minutes=4),
     Group(
         "provisioner",
-        {
-            "csi-provisioner": "github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner"
-        },
+        {"csi-provisioner": f"{_CSI}/external-provisioner/v6/cmd/csi-provisioner"},
         cold_minutes=5,
     ),
     Group(
         "resizer",
-        {"csi-resizer": "github.com/kubernetes-csi/external-resizer/v2/cmd/csi-resizer"},
+        {"csi-resizer": f"{_CSI}/external-resizer/v2/cmd/csi-resizer"},
         cold_minutes=4,
     ),
     Group(
         "snapshotter",
         {
-            "csi-snapshotter": "github.com/kubernetes-csi/external-snapshotter/v8/cmd/csi-snapshotter",
-            "snapshot-controller": (
-                "github.com/kubernetes-csi/external-snapshotter/v8/cmd/snapshot-controller"
-            ),
+            "csi-snapshotter": f"{_CSI}/external-snapshotter/v8/cmd/csi-snapshotter",
+            "snapshot-controller": (f"{_CSI}/external-snapshotter/v8/cmd/snapshot-controller"),
         },
         files={
             "snapshot-crds": (
-                "github.com/kubernetes-csi/external-snapshotter/client/v8",
+                f"{_CSI}/external-snapshotter/client/v8",
                 "config/crd",
             )
         },
         cold_minutes=5,
     ),
-    Group("csisanity", {"csi-sanity": "github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity"}),
+    Group("csisanity", {"csi-sanity": f"{_CSI}/csi-test/v5/cmd/csi-sanity"}),
 )
 
 

@@ -16,7 +16,6 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -29,8 +28,15 @@ from devtools.testbed.process import Child
 from devtools.testbed.umlnode import UmlNode
 from topolvm.k8s.api import make_client
 
-CLUSTER_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
-EXTENDER_PORTS = {"topolvm-extender": 9251, "topolvm-marker": 9252}
+CLUSTER_BINARIES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+)
+EXTENDER_PORTS = {"topolvm-extender": 9251, "topolvm-marker": 9252, "topolvm-nodecache": 9253}
+GROUP_LABEL = "topolvm.test/group"  # pods select their test's nodes with it
 _stats: dict[str, float] = {}
 
 
@@ -111,7 +117,7 @@ def uml_nodes(
             started.append(node)
             node.start()
             node.make_vg("vg1", sizes[i])
-            control_plane.add_node(node.name)
+            control_plane.add_node(node.name, labels={GROUP_LABEL: prefix})
             made.append(node)
         return made
 
@@ -147,21 +153,27 @@ def _delete_lvs_on(cp: ControlPlane, group: str, node: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def extenders(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
-    dict[str, Child]
-]:
-    """``topolvm scheduler`` in both modes, each behind its own kube-scheduler profile:
-    pods with ``schedulerName: topolvm-extender`` go through the default mode (every pod is
-    sent), ``topolvm-marker`` through upstream's marker-resource mode."""
+def extenders(
+    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Child]]:
+    """``topolvm scheduler`` in each mode, each behind its own kube-scheduler process, chosen by
+    the pod's ``schedulerName``: ``topolvm-extender`` is the default mode (every pod is sent),
+    ``topolvm-marker`` upstream's marker-resource mode, ``topolvm-nodecache`` the
+    nodeCacheCapable mode fed by a Node watch on the real API server. The kube-scheduler
+    stanzas come from ``topolvm scheduler print-config``."""
     folder = tmp_path_factory.mktemp("extenders")
     started: dict[str, Child] = {}
     try:
         for profile, port in EXTENDER_PORTS.items():
-            marker = ["--managed-resource"] if profile == "topolvm-marker" else []
+            marker = {
+                "topolvm-marker": ["--managed-resource"],
+                "topolvm-nodecache": ["--node-cache"],
+            }.get(profile, [])
+            watch = [f"--kubeconfig={control_plane.kubeconfig}"] if "--node-cache" in marker else []
             child = Child(
                 profile,
                 [sys.executable, "-m", "topolvm", "--log-format", "text", "scheduler",
-                 f"--listen=127.0.0.1:{port}", *marker],
+                 f"--listen=127.0.0.1:{port}", *marker, *watch],
                 folder / f"{profile}.log",
             ).start()  # fmt: skip
             started[profile] = child
@@ -189,13 +201,16 @@ def _up(port: int) -> bool:
 
 @pytest.fixture
 async def kubelet(
-    cluster_client: AsyncClient,
+    cluster_client: AsyncClient, tmp_path: Path
 ) -> AsyncIterator[Callable[[list[UmlNode]], KubeletStandIn]]:
-    """``kubelet(nodes)``: the kubelet stand-in for those UML nodes."""
+    """``kubelet(nodes)``: the kubelet stand-in for those UML nodes. Its root is a temp folder
+    (the guests see the host's files), laid out as /var/lib/kubelet."""
     made: list[KubeletStandIn] = []
 
     def make(nodes: list[UmlNode]) -> KubeletStandIn:
-        k = KubeletStandIn(cluster_client, {n.name: n.csi_target for n in nodes})
+        k = KubeletStandIn(
+            cluster_client, {n.name: n.csi_target for n in nodes}, root=str(tmp_path / "kubelet")
+        )
         made.append(k)
         return k
 

@@ -120,7 +120,9 @@ def test_control_plane_components_are_running(control_plane: ControlPlane) -> No
 
 def test_start_failure_names_the_component_and_shows_its_log(tmp_path: Path) -> None:
     bogus = tmp_path / "etcd"
-    bogus.write_text("#!/bin/sh\necho 'etcd: cannot open data dir: permission denied' >&2\nexit 3\n")
+    bogus.write_text(
+        "#!/bin/sh\necho 'etcd: cannot open data dir: permission denied' >&2\nexit 3\n"
+    )
     bogus.chmod(0o755)
     with pytest.raises(HarnessError) as err:
         ControlPlane(tmp_path / "cp", {"etcd": bogus}, etcd_port=free_port()).start()

@@ -24,22 +24,20 @@ GiB = 1 << 30
 LV = api.logicalvolume_resource(NORMAL)
 
 
-async def node_with_topolvm(
-    cp: ControlPlane, uml_nodes: UmlNodes, client: AsyncClient
-) -> UmlNode:
+async def node_with_topolvm(cp: ControlPlane, uml_nodes: UmlNodes, client: AsyncClient) -> UmlNode:
     """One UML node: vg1 (6 GiB) with thin pool0 (2 GiB), topolvm-node running, annotations up."""
     (node,) = uml_nodes(1, vg_gib=[6])
     node.lvm("lvcreate", "-T", "vg1/pool0", "-L", f"{2 * GiB}b", "-y")
     node.start_topolvm_node(cp, [THICK, THIN])
     await eventually_async(
         "capacity annotations",
-        lambda: annotations(client, node.name),
-        details=lambda: node.node_log(),
+        lambda: node_annotations(client, node.name),
+        details=node.node_log,
     )
     return node
 
 
-async def annotations(client: AsyncClient, node: str) -> dict[str, str]:
+async def node_annotations(client: AsyncClient, node: str) -> dict[str, str]:
     obj = await api.get(client, Node, node)
     return dict(((obj or {}).get("metadata") or {}).get("annotations") or {})
 
@@ -80,7 +78,9 @@ async def test_reconciler_create_resize_snapshot_delete(
     obj = await api.get(cluster_client, LV, name)
     assert obj is not None and NORMAL.lv_finalizer in obj["metadata"]["finalizers"]
 
-    await api.modify(cluster_client, LV, name, lambda o: bool(o["spec"].update(size=str(2 * GiB))) or True)
+    await api.modify(
+        cluster_client, LV, name, lambda o: bool(o["spec"].update(size=str(2 * GiB))) or True
+    )
     await wait_status(cluster_client, name, lambda st: st.get("currentSize") == "2Gi")
     assert int(node.lvs("vg1")[uid]["lv_size"]) == 2 * GiB
 
@@ -144,8 +144,12 @@ async def test_capacity_annotations_follow_lvm_and_node_finalizer(
     control_plane: ControlPlane, uml_nodes: UmlNodes, cluster_client: AsyncClient
 ) -> None:
     node = await node_with_topolvm(control_plane, uml_nodes, cluster_client)
-    annos = await annotations(cluster_client, node.name)
-    vg_free = int(node.lvm("vgs", "vg1", "--noheadings", "--units", "b", "--nosuffix", "-o", "vg_free").strip())
+    annos = await node_annotations(cluster_client, node.name)
+    vg_free = int(
+        node.lvm(
+            "vgs", "vg1", "--noheadings", "--units", "b", "--nosuffix", "-o", "vg_free"
+        ).strip()
+    )
     spare = GiB  # THICK has spare-gb: 1
     assert int(annos["capacity.topolvm.io/ssd"]) == vg_free - spare
     assert annos["capacity.topolvm.io/00default"] == annos["capacity.topolvm.io/ssd"]
@@ -158,7 +162,10 @@ async def test_capacity_annotations_follow_lvm_and_node_finalizer(
     before = int(annos["capacity.topolvm.io/ssd"])
 
     async def lowered() -> bool:
-        return int((await annotations(cluster_client, node.name))["capacity.topolvm.io/ssd"]) == before - GiB
+        return (
+            int((await node_annotations(cluster_client, node.name))["capacity.topolvm.io/ssd"])
+            == before - GiB
+        )
 
     await eventually_async("annotation after an LV made outside", lowered, timeout=90)
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
@@ -96,7 +96,9 @@ class Agent:
         )
 
 
-async def _bridge(socket_path: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _bridge(
+    socket_path: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
     try:
         up_reader, up_writer = await asyncio.open_unix_connection(socket_path)
     except OSError:
@@ -124,12 +126,12 @@ async def serve(listen: str, port: int, bridges: list[tuple[int, str]]) -> None:
     app.router.add_post("/spawn", agent.spawn)
     app.router.add_post("/signal", agent.signal)
     app.router.add_get("/daemon/{name}", agent.daemon)
-    app.router.add_get("/healthz", lambda _: _ok())
+    app.router.add_get("/healthz", _ok)
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, listen, port).start()
     servers = [
-        await asyncio.start_server(lambda r, w, p=path: _bridge(p, r, w), listen, bport)
+        await asyncio.start_server(functools.partial(_bridge, path), listen, bport)
         for bport, path in bridges
     ]
     print(f"agent: listening on {listen}:{port}", flush=True)
@@ -141,7 +143,7 @@ async def serve(listen: str, port: int, bridges: list[tuple[int, str]]) -> None:
         await runner.cleanup()
 
 
-async def _ok() -> web.Response:
+async def _ok(_: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 

@@ -82,7 +82,13 @@ class ControlPlane:
         t0 = time.monotonic()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.pki = Pki(self.workdir / "pki")
-        hosts = ("127.0.0.1", "localhost", "10.0.0.1", "kubernetes", "kubernetes.default")
+        hosts: tuple[str, ...] = (
+            "127.0.0.1",
+            "localhost",
+            "10.0.0.1",
+            "kubernetes",
+            "kubernetes.default",
+        )
         hosts += tuple(host_address(i) for i in range(1, GUEST_SUBNETS + 1))
         self.serving = self.pki.issue("apiserver", "kube-apiserver", hosts=hosts, server=True)
         self.admin_cert = self.pki.issue("admin", "admin", org="system:masters")

@@ -29,12 +29,12 @@ KUBELET = "/var/lib/kubelet"
 Mode = csi.VolumeCapability.AccessMode
 
 
-def mount_target(pod_uid: str, pv: str) -> str:
-    return f"{KUBELET}/pods/{pod_uid}/volumes/kubernetes.io~csi/{pv}/mount"
+def mount_target(pod_uid: str, pv: str, root: str = KUBELET) -> str:
+    return f"{root}/pods/{pod_uid}/volumes/kubernetes.io~csi/{pv}/mount"
 
 
-def block_target(pod_uid: str, pv: str) -> str:
-    return f"{KUBELET}/plugins/kubernetes.io/csi/volumeDevices/publish/{pv}/{pod_uid}"
+def block_target(pod_uid: str, pv: str, root: str = KUBELET) -> str:
+    return f"{root}/plugins/kubernetes.io/csi/volumeDevices/publish/{pv}/{pod_uid}"
 
 
 @dataclass
@@ -47,14 +47,18 @@ class Published:
 
 
 class KubeletStandIn:
-    """``csi_targets`` maps node names to ``host:port`` of that node's CSI socket bridge."""
+    """``csi_targets`` maps node names to ``host:port`` of that node's CSI socket bridge;
+    ``root`` stands for /var/lib/kubelet."""
 
-    def __init__(self, client: AsyncClient, csi_targets: dict[str, str]) -> None:
+    def __init__(
+        self, client: AsyncClient, csi_targets: dict[str, str], root: str = KUBELET
+    ) -> None:
         self.client = client
         self.csi_targets = csi_targets
+        self.root = root
         self._channels: dict[str, grpc.aio.Channel] = {}
 
-    def node_stub(self, node: str) -> csi_grpc.NodeStub:
+    def node_stub(self, node: str) -> csi_grpc.NodeAsyncStub:
         if node not in self._channels:
             self._channels[node] = grpc.aio.insecure_channel(self.csi_targets[node])
         return csi_grpc.NodeStub(self._channels[node])
@@ -63,6 +67,11 @@ class KubeletStandIn:
         for ch in self._channels.values():
             await ch.close(None)
         self._channels.clear()
+
+    def _target(self, pod_uid: str, pv: str, block: bool) -> str:
+        if block:
+            return block_target(pod_uid, pv, self.root)
+        return mount_target(pod_uid, pv, self.root)
 
     async def _volumes(self, pod: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         ns = pod["metadata"]["namespace"]
@@ -95,9 +104,7 @@ class KubeletStandIn:
             assert pv is not None
             source = pv["spec"]["csi"]
             block = pv["spec"].get("volumeMode") == "Block"
-            target = block_target(uid, pv["metadata"]["name"]) if block else mount_target(
-                uid, pv["metadata"]["name"]
-            )
+            target = self._target(uid, pv["metadata"]["name"], block)
             cap = csi.VolumeCapability(access_mode=Mode(mode=Mode.SINGLE_NODE_WRITER))
             if block:
                 cap.block.SetInParent()
@@ -124,7 +131,9 @@ class KubeletStandIn:
                 ),
                 timeout=120,
             )
-            published.append(Published(claim, pv["metadata"]["name"], source["volumeHandle"], target, block))
+            published.append(
+                Published(claim, pv["metadata"]["name"], source["volumeHandle"], target, block)
+            )
         await api.patch_merge(
             self.client,
             Pod.Status,
@@ -158,7 +167,7 @@ class KubeletStandIn:
             await stub.NodeUnpublishVolume(
                 csi.NodeUnpublishVolumeRequest(
                     volume_id=pv["spec"]["csi"]["volumeHandle"],
-                    target_path=block_target(uid, pv_name) if block else mount_target(uid, pv_name),
+                    target_path=self._target(uid, pv_name, block),
                 ),
                 timeout=60,
             )
@@ -178,7 +187,7 @@ class KubeletStandIn:
         res = await self.node_stub(pod_obj["spec"]["nodeName"]).NodeExpandVolume(
             csi.NodeExpandVolumeRequest(
                 volume_id=pv["spec"]["csi"]["volumeHandle"],
-                volume_path=block_target(uid, pv_name) if block else mount_target(uid, pv_name),
+                volume_path=self._target(uid, pv_name, block),
                 capacity_range=csi.CapacityRange(required_bytes=_bytes(size)),
             ),
             timeout=120,
@@ -204,7 +213,15 @@ class KubeletStandIn:
         return int(res.capacity_bytes)
 
 
-_SUFFIX = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "k": 10**3, "M": 10**6, "G": 10**9}
+_SUFFIX = {
+    "Ki": 1 << 10,
+    "Mi": 1 << 20,
+    "Gi": 1 << 30,
+    "Ti": 1 << 40,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+}
 
 
 def _bytes(quantity: str) -> int:

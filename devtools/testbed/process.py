@@ -3,6 +3,7 @@ shown when they fail; and the private network namespace every test packet stays 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -92,10 +93,8 @@ class Child:
             except subprocess.TimeoutExpired:
                 continue
         # The group may hold children that outlived the leader.
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
         proc.wait()
         self.proc = None
 

@@ -99,7 +99,9 @@ class UmlNode:
             deadline = time.monotonic() + timeout
             while not self._healthy():
                 if self._proc.poll() is not None or time.monotonic() > deadline:
-                    state = "exited" if self._proc.poll() is not None else f"no answer in {timeout}s"
+                    state = (
+                        "exited" if self._proc.poll() is not None else f"no answer in {timeout}s"
+                    )
                     raise HarnessError(
                         f"UML node {self.name}: agent not reachable ({state}); console "
                         f"{self.console}:\n{tail(self.console)}"
