@@ -7,14 +7,21 @@ PY := $(VENV)/bin/python
 APT_PACKAGES := user-mode-linux lvm2 kmod xfsprogs btrfs-progs e2fsprogs iproute2 util-linux
 STAMP := $(VENV)/.installed
 
-.PHONY: help deps apt venv lint typecheck test test-unit demo bench bench-scheduler clean
+.PHONY: help deps apt venv gotools lint typecheck test test-unit demo bench bench-scheduler cluster-up cluster-down clean
 
 help:
 	@echo "make demo   - boot User-Mode Linux, run lvmd on a file-backed VG, drive it over gRPC"
-	@echo "make test   - ruff, mypy --strict and every pytest tier (unit + real LVM in UML)"
+	@echo "make test   - ruff, mypy --strict and every pytest tier (unit, real LVM in UML, real control plane)"
 	@echo "make bench  - lvmd RPCs vs the bare LVM commands (inside UML), scheduler extender latency"
 
 deps: apt venv
+
+# The real Kubernetes components the tests run (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubectl, CSI sidecars, csi-sanity), built from the Go modules pinned in
+# devtools/gomod/ into .cache/gotools/. A warm run only checks; a cold one shows progress.
+gotools: venv
+	@command -v go >/dev/null || test -x /usr/local/go/bin/go || { echo "Go 1.26 is needed to build the test bed (https://go.dev/doc/install)" >&2; exit 1; }
+	@PATH="$$PATH:/usr/local/go/bin" $(PY) -m devtools.gobuild >/dev/null
 
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -42,11 +49,17 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
-test: deps lint typecheck
+test: deps gotools lint typecheck
 	$(VENV)/bin/pytest
 
 test-unit: venv
-	$(VENV)/bin/pytest -m "not uml"
+	$(VENV)/bin/pytest -m "not uml and not cluster"
+
+cluster-up: deps gotools
+	$(PY) -m devtools.cluster up --nodes 2
+
+cluster-down: venv
+	$(PY) -m devtools.cluster down
 
 demo: deps
 	$(PY) -m devtools.demo
@@ -59,4 +72,4 @@ bench-scheduler: venv
 	$(PY) -m bench.scheduler_bench
 
 clean:
-	rm -rf $(VENV) .uml .mypy_cache .ruff_cache .pytest_cache src/topolvm/proto/*_pb2*
+	rm -rf $(VENV) .uml .cache/cluster .mypy_cache .ruff_cache .pytest_cache src/topolvm/proto/*_pb2*

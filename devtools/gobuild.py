@@ -61,9 +61,9 @@ GROUPS: tuple[Group, ...] = (
             f"-X {_VERSION_PKG}.gitMinor=37",
             f"-X {_VERSION_PKG}.gitTreeState=clean",
         ),
-        cold_minutes=25,
+        cold_minutes=10,
     ),
-    Group("etcd", {"etcd": "go.etcd.io/etcd/server/v3"}, cold_minutes=4),
+    Group("etcd", {"etcd": "go.etcd.io/etcd/server/v3"}, cold_minutes=2),
     Group(
         "provisioner",
         {"csi-provisioner": f"{_CSI}/external-provisioner/v6/cmd/csi-provisioner"},
