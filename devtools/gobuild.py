@@ -29,7 +29,6 @@ ROOT = Path(__file__).resolve().parent.parent
 GOMOD = ROOT / "devtools" / "gomod"
 CACHE = ROOT / ".cache" / "gotools"
 
-K8S_VERSION = "v1.37.2"
 _VERSION_PKG = "k8s.io/component-base/version"
 _CSI = "github.com/kubernetes-csi"
 
@@ -40,6 +39,7 @@ class Group:
 
     name: str
     binaries: dict[str, str]
+    # ``{version}``, ``{major}`` and ``{minor}`` are filled from the go.mod pin of the first binary.
     ldflags: tuple[str, ...] = ()
     # Modules whose files (not binaries) tests need, copied next to the binaries.
     files: dict[str, tuple[str, str]] = field(default_factory=dict)
@@ -56,9 +56,9 @@ GROUPS: tuple[Group, ...] = (
             "kubectl": "k8s.io/kubernetes/cmd/kubectl",
         },
         ldflags=(
-            f"-X {_VERSION_PKG}.gitVersion={K8S_VERSION}",
-            f"-X {_VERSION_PKG}.gitMajor=1",
-            f"-X {_VERSION_PKG}.gitMinor=37",
+            f"-X {_VERSION_PKG}.gitVersion={{version}}",
+            f"-X {_VERSION_PKG}.gitMajor={{major}}",
+            f"-X {_VERSION_PKG}.gitMinor={{minor}}",
             f"-X {_VERSION_PKG}.gitTreeState=clean",
         ),
         cold_minutes=10,
@@ -67,28 +67,30 @@ GROUPS: tuple[Group, ...] = (
     Group(
         "provisioner",
         {"csi-provisioner": f"{_CSI}/external-provisioner/v6/cmd/csi-provisioner"},
-        cold_minutes=5,
+        ldflags=("-X main.version={version}",),  # as the sidecars' own Makefiles stamp it
+        cold_minutes=4,
     ),
     Group(
         "resizer",
         {"csi-resizer": f"{_CSI}/external-resizer/v2/cmd/csi-resizer"},
+        ldflags=("-X main.version={version}",),
         cold_minutes=4,
     ),
     Group(
         "snapshotter",
         {
             "csi-snapshotter": f"{_CSI}/external-snapshotter/v8/cmd/csi-snapshotter",
-            "snapshot-controller": (f"{_CSI}/external-snapshotter/v8/cmd/snapshot-controller"),
+            "snapshot-controller": f"{_CSI}/external-snapshotter/v8/cmd/snapshot-controller",
         },
-        files={
-            "snapshot-crds": (
-                f"{_CSI}/external-snapshotter/client/v8",
-                "config/crd",
-            )
-        },
-        cold_minutes=5,
+        ldflags=("-X main.version={version}",),
+        files={"snapshot-crds": (f"{_CSI}/external-snapshotter/client/v8", "config/crd")},
+        cold_minutes=4,
     ),
-    Group("csisanity", {"csi-sanity": f"{_CSI}/csi-test/v5/cmd/csi-sanity"}),
+    Group(
+        "csisanity",
+        {"csi-sanity": f"{_CSI}/csi-test/v5/cmd/csi-sanity"},
+        ldflags=("-X main.version={version}",),
+    ),
 )
 
 
@@ -123,11 +125,21 @@ def _go_version() -> str:
     return out.stdout.strip()
 
 
+def ldflags(group: Group) -> list[str]:
+    version = versions()[next(iter(group.binaries.values()))]
+    major, minor = version.lstrip("v").split(".")[:2]
+    return [
+        "-s",
+        "-w",
+        *(f.format(version=version, major=major, minor=minor) for f in group.ldflags),
+    ]
+
+
 def cache_dir(group: Group) -> Path:
     h = hashlib.sha256()
     for name in ("go.mod", "go.sum"):
         h.update((GOMOD / group.name / name).read_bytes())
-    h.update(json.dumps([group.binaries, group.ldflags, group.files], sort_keys=True).encode())
+    h.update(json.dumps([group.binaries, ldflags(group), group.files], sort_keys=True).encode())
     h.update(_go_version().encode())
     return CACHE / f"{group.name}-{h.hexdigest()[:12]}"
 
@@ -171,7 +183,7 @@ def build(group: Group) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     mod = GOMOD / group.name
-    argv = [_go(), "build", "-v", "-trimpath", "-ldflags", " ".join(("-s", "-w", *group.ldflags))]
+    argv = [_go(), "build", "-v", "-trimpath", "-ldflags", " ".join(ldflags(group))]
     argv += ["-o", str(tmp) + "/", *group.binaries.values()]
     _run_with_progress(argv, mod, f"{group.name} ({', '.join(group.binaries)})", group.cold_minutes)
     for name, pkg in group.binaries.items():
@@ -195,6 +207,9 @@ def build(group: Group) -> Path:
     (tmp / ".complete").write_text(json.dumps({"go": _go_version(), "built": time.time()}))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
+    for old in CACHE.glob(f"{group.name}-*"):  # builds of earlier pins
+        if old != out:
+            shutil.rmtree(old, ignore_errors=True)
     return out
 
 
