@@ -97,44 +97,57 @@ def short_name(request: pytest.FixtureRequest) -> str:
 UmlNodes = Callable[..., list[UmlNode]]
 
 
-@pytest.fixture
-def uml_nodes(
-    control_plane: ControlPlane, request: pytest.FixtureRequest, tmp_path: Path
-) -> Iterator[UmlNodes]:
-    """``uml_nodes(count, vg_gib=[...])`` boots UML nodes, each with VG ``vg1`` of the given size
-    on its first disk, registered as Nodes (+ CSINode). Teardown stops topolvm-node, deletes the
+class NodeSet:
+    """UML nodes registered with the control plane, each with VG ``vg1`` on its first disk and
+    the label ``topolvm.test/group=<prefix>``; :meth:`close` stops topolvm-node, deletes the
     Node objects and the LogicalVolumes on them, and removes the guests and their TAP links."""
-    started: list[UmlNode] = []
-    prefix = short_name(request)
 
-    def make(count: int = 1, vg_gib: list[float] | None = None) -> list[UmlNode]:
+    def __init__(self, cp: ControlPlane, prefix: str, workdir: Path) -> None:
+        self.cp, self.prefix, self.workdir = cp, prefix, workdir
+        self.started: list[UmlNode] = []
+
+    def make(self, count: int = 1, vg_gib: list[float] | None = None) -> list[UmlNode]:
         sizes = vg_gib or [10.0] * count
         made = []
         for i in range(count):
             if not _free_indices:
                 raise RuntimeError(f"at most {GUEST_SUBNETS} UML nodes at once")
-            node = UmlNode(f"{prefix}-n{len(started) + 1}", _free_indices.pop(0), tmp_path)
-            started.append(node)
+            node = UmlNode(
+                f"{self.prefix}-n{len(self.started) + 1}", _free_indices.pop(0), self.workdir
+            )
+            self.started.append(node)
             node.start()
             node.make_vg("vg1", sizes[i])
-            control_plane.add_node(node.name, labels={GROUP_LABEL: prefix})
+            self.cp.add_node(node.name, labels={GROUP_LABEL: self.prefix})
             made.append(node)
         return made
 
-    try:
-        yield make
-    finally:
-        for node in started:
+    def close(self) -> None:
+        cp = self.cp
+        for node in self.started:
             with contextlib.suppress(Exception):
                 node.stop_topolvm_node()
-        for node in started:
-            control_plane.kubectl("delete", "node", node.name, "--wait=false", check=False)
-            control_plane.kubectl("delete", "csinode", node.name, "--wait=false", check=False)
-            _drop_finalizers(control_plane, "node", node.name)
+        for node in self.started:
+            cp.kubectl("delete", "node", node.name, "--wait=false", check=False)
+            cp.kubectl("delete", "csinode", node.name, "--wait=false", check=False)
+            _drop_finalizers(cp, "node", node.name)
             for group in ("logicalvolumes.topolvm.io", "logicalvolumes.topolvm.cybozu.com"):
-                _delete_lvs_on(control_plane, group, node.name)
+                _delete_lvs_on(cp, group, node.name)
             node.stop()
             _free_indices.append(node.index)
+        self.started.clear()
+
+
+@pytest.fixture
+def uml_nodes(
+    control_plane: ControlPlane, request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[UmlNodes]:
+    """``uml_nodes(count, vg_gib=[...])`` boots UML nodes for this test (see :class:`NodeSet`)."""
+    nodes = NodeSet(control_plane, short_name(request), tmp_path)
+    try:
+        yield nodes.make
+    finally:
+        nodes.close()
 
 
 def _drop_finalizers(cp: ControlPlane, kind: str, name: str) -> None:

@@ -1,10 +1,16 @@
 """topolvm-node (embedded lvmd) in a UML node with real LVM, against the real kube-apiserver:
-the LogicalVolume reconciler, the capacity annotations and the node finalizer."""
+the LogicalVolume reconciler, the capacity annotations, the node finalizer and the metrics.
+
+Most tests share one node (``shared_node``, module scope) and give their LogicalVolumes unique
+names; tests that restart topolvm-node, delete the Node or read exact capacities get their own.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import json
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -13,15 +19,36 @@ from lightkube.resources.core_v1 import Node
 
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.umlnode import UmlNode
-from tests.cluster_fixtures import UmlNodes, unique
+from tests.cluster_fixtures import NodeSet, UmlNodes, unique
 from tests.helpers import eventually_async
 from tests.lvm_fixtures import THICK, THIN
-from topolvm.constants import NORMAL
+from topolvm.constants import LEGACY, NORMAL, Names
 from topolvm.k8s import api
 
 pytestmark = pytest.mark.cluster
 GiB = 1 << 30
 LV = api.logicalvolume_resource(NORMAL)
+
+
+@pytest.fixture(scope="module")
+def shared_node(
+    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[UmlNode]:
+    """One UML node for the module: vg1 (10 GiB) with thin pool0 (2 GiB), topolvm-node up."""
+    nodes = NodeSet(control_plane, unique("shared"), tmp_path_factory.mktemp("shared-node"))
+    try:
+        (node,) = nodes.make(1, vg_gib=[10])
+        node.lvm("lvcreate", "-T", "vg1/pool0", "-L", f"{2 * GiB}b", "-y")
+        node.start_topolvm_node(control_plane, [THICK, THIN])
+        deadline = time.monotonic() + 60
+        while "capacity.topolvm.io/ssd" not in control_plane.kubectl(
+            "get", "node", node.name, "-o", "jsonpath={.metadata.annotations}"
+        ):
+            assert time.monotonic() < deadline, f"no annotations; log:\n{node.node_log()}"
+            time.sleep(0.3)
+        yield node
+    finally:
+        nodes.close()
 
 
 async def node_with_topolvm(cp: ControlPlane, uml_nodes: UmlNodes, client: AsyncClient) -> UmlNode:
@@ -42,23 +69,38 @@ async def node_annotations(client: AsyncClient, node: str) -> dict[str, str]:
     return dict(((obj or {}).get("metadata") or {}).get("annotations") or {})
 
 
-async def create_lv(client: AsyncClient, node: str, size: int, **spec: str) -> tuple[str, str]:
+async def create_lv(
+    client: AsyncClient, node: str, size: int | str, names: Names = NORMAL, **spec: str
+) -> tuple[str, str]:
+    return await create_lv_with(client, node, size, spec, names)
+
+
+async def create_lv_with(
+    client: AsyncClient, node: str, size: int | str, spec: dict[str, str], names: Names = NORMAL
+) -> tuple[str, str]:
+    """A LogicalVolume with a unique name; returns (name, uid)."""
     name = unique("lv")
     obj = {
-        "apiVersion": f"{NORMAL.group}/v1",
+        "apiVersion": f"{names.group}/v1",
         "kind": "LogicalVolume",
         "metadata": {"name": name},
         "spec": {"name": name, "nodeName": node, "size": str(size), **spec},
     }
-    created = api.to_dict(await client.create(LV.from_dict(obj)))
+    res = api.logicalvolume_resource(names)
+    created = api.to_dict(await client.create(res.from_dict(obj)))
     return name, created["metadata"]["uid"]
 
 
 async def wait_status(
-    client: AsyncClient, name: str, ready: Callable[[dict[str, Any]], bool] | None = None
+    client: AsyncClient,
+    name: str,
+    ready: Callable[[dict[str, Any]], bool] | None = None,
+    names: Names = NORMAL,
 ) -> dict[str, Any]:
+    res = api.logicalvolume_resource(names)
+
     async def check() -> dict[str, Any] | None:
-        obj = await api.get(client, LV, name)
+        obj = await api.get(client, res, name)
         st = (obj or {}).get("status") or {}
         done = ready(st) if ready else bool(st.get("volumeID") or st.get("code"))
         return st if done else None
@@ -67,56 +109,193 @@ async def wait_status(
     return result
 
 
-async def test_reconciler_create_resize_snapshot_delete(
-    control_plane: ControlPlane, uml_nodes: UmlNodes, cluster_client: AsyncClient
-) -> None:
-    node = await node_with_topolvm(control_plane, uml_nodes, cluster_client)
-    name, uid = await create_lv(cluster_client, node.name, GiB)
-    status = await wait_status(cluster_client, name)
-    assert status == {"volumeID": uid, "currentSize": "1Gi"}
-    assert int(node.lvs("vg1")[uid]["lv_size"]) == GiB
-    obj = await api.get(cluster_client, LV, name)
-    assert obj is not None and NORMAL.lv_finalizer in obj["metadata"]["finalizers"]
+async def lv_object(client: AsyncClient, name: str, names: Names = NORMAL) -> dict[str, Any]:
+    obj = await api.get(client, api.logicalvolume_resource(names), name)
+    assert obj is not None, f"LogicalVolume {name} not found"
+    return obj
 
-    await api.modify(
-        cluster_client, LV, name, lambda o: bool(o["spec"].update(size=str(2 * GiB))) or True
-    )
-    await wait_status(cluster_client, name, lambda st: st.get("currentSize") == "2Gi")
-    assert int(node.lvs("vg1")[uid]["lv_size"]) == 2 * GiB
 
-    thin, thin_uid = await create_lv(cluster_client, node.name, GiB, deviceClass="thin")
-    await wait_status(cluster_client, thin)
-    snap, snap_uid = await create_lv(
-        cluster_client, node.name, GiB, deviceClass="thin", source=thin, accessType="ro"
-    )
-    assert (await wait_status(cluster_client, snap))["volumeID"] == snap_uid
-    lvs = node.lvs("vg1")
-    assert lvs[snap_uid]["origin"] == thin_uid and lvs[snap_uid]["pool_lv"] == "pool0"
-
-    for n in (snap, thin, name):
-        await cluster_client.delete(LV, n)
-    await eventually_async(
-        "LogicalVolumes gone",
-        lambda: _all_gone(cluster_client, [snap, thin, name]),
-    )
-    assert set(node.lvs("vg1")) == {"pool0"}
+async def delete_and_wait(client: AsyncClient, *names: str) -> None:
+    for n in names:
+        await client.delete(LV, n)
+    await eventually_async("LogicalVolumes gone", lambda: _all_gone(client, list(names)))
 
 
 async def _all_gone(client: AsyncClient, names: list[str]) -> bool:
     return all([await api.get(client, LV, n) is None for n in names])
 
 
-async def test_create_failure_is_reported_in_status(
-    control_plane: ControlPlane, uml_nodes: UmlNodes, cluster_client: AsyncClient
+async def test_create_sets_status_finalizer_label_and_rounds_to_extents(
+    shared_node: UmlNode, cluster_client: AsyncClient
 ) -> None:
-    node = await node_with_topolvm(control_plane, uml_nodes, cluster_client)
-    name, _ = await create_lv(cluster_client, node.name, 50 * GiB)
+    name, uid = await create_lv(cluster_client, shared_node.name, "1023Mi")  # 4 MiB extents
+    status = await wait_status(cluster_client, name)
+    assert status == {"volumeID": uid, "currentSize": "1Gi"}
+    obj = await lv_object(cluster_client, name)
+    assert obj["metadata"]["finalizers"] == [NORMAL.lv_finalizer]
+    assert obj["metadata"]["labels"] == {"app.kubernetes.io/created-by": "topolvm-controller"}
+    assert int(shared_node.lvs("vg1")[uid]["lv_size"]) == GiB
+    await delete_and_wait(cluster_client, name)
+    assert uid not in shared_node.lvs("vg1")
+
+
+async def test_lv_for_another_node_is_left_alone(
+    shared_node: UmlNode, cluster_client: AsyncClient
+) -> None:
+    other, _ = await create_lv(cluster_client, "some-other-node", GiB)
+    mine, mine_uid = await create_lv(cluster_client, shared_node.name, GiB)
+    await wait_status(cluster_client, mine)
+    obj = await lv_object(cluster_client, other)
+    assert "status" not in obj and "finalizers" not in obj["metadata"]
+    assert not any(lv.startswith(obj["metadata"]["uid"]) for lv in shared_node.lvs("vg1"))
+    await delete_and_wait(cluster_client, mine, other)
+    assert mine_uid not in shared_node.lvs("vg1")
+
+
+async def test_resize_grows_the_lv_and_keeps_a_concurrent_writers_change(
+    shared_node: UmlNode, cluster_client: AsyncClient
+) -> None:
+    name, uid = await create_lv(cluster_client, shared_node.name, GiB)
+    await wait_status(cluster_client, name)
+    touched = {"metadata": {"annotations": {"example.com/touched": "yes"}}}
+    await api.patch_merge(cluster_client, LV, name, touched)
+    await api.patch_merge(cluster_client, LV, name, {"spec": {"size": str(2 * GiB)}})
+    await wait_status(cluster_client, name, lambda st: st.get("currentSize") == "2Gi")
+    assert int(shared_node.lvs("vg1")[uid]["lv_size"]) == 2 * GiB
+    obj = await lv_object(cluster_client, name)
+    assert obj["metadata"]["annotations"] == {"example.com/touched": "yes"}
+    await delete_and_wait(cluster_client, name)
+
+
+async def test_create_failure_is_final_with_code_and_message(
+    shared_node: UmlNode, cluster_client: AsyncClient
+) -> None:
+    name, uid = await create_lv(cluster_client, shared_node.name, 100 * GiB)
     status = await wait_status(cluster_client, name)
     assert status["code"] == 8  # RESOURCE_EXHAUSTED
-    assert "no enough space" in status["message"]
-    assert set(node.lvs("vg1")) == {"pool0"}
-    await cluster_client.delete(LV, name)
-    await eventually_async("object gone", lambda: _all_gone(cluster_client, [name]))
+    assert "no enough space" in status["message"] and "volumeID" not in status
+    await asyncio.sleep(1.0)  # later reconciles do not retry the create
+    assert uid not in shared_node.lvs("vg1")
+    await delete_and_wait(cluster_client, name)
+
+
+@pytest.mark.parametrize(
+    ("spec", "code", "text"),
+    [
+        ({"deviceClass": "nvme"}, 5, "device-class not found"),  # NOT_FOUND
+        ({"source": "THICK_SOURCE", "accessType": "ro"}, 12, ""),  # UNIMPLEMENTED on thick
+    ],
+    ids=["unknown-device-class", "snapshot-of-thick"],
+)
+async def test_requests_lvmd_refuses_get_its_code(
+    shared_node: UmlNode, cluster_client: AsyncClient, spec: dict[str, str], code: int, text: str
+) -> None:
+    made = []
+    if spec.get("source") == "THICK_SOURCE":
+        thick, _ = await create_lv(cluster_client, shared_node.name, GiB)
+        await wait_status(cluster_client, thick)
+        made.append(thick)
+        spec = {**spec, "source": thick}
+    name, _ = await create_lv_with(cluster_client, shared_node.name, GiB, spec)
+    status = await wait_status(cluster_client, name)
+    assert status["code"] == code and text in status["message"]
+    await delete_and_wait(cluster_client, name, *made)
+
+
+async def test_thin_snapshot_and_clone(shared_node: UmlNode, cluster_client: AsyncClient) -> None:
+    src, src_uid = await create_lv(cluster_client, shared_node.name, GiB, deviceClass="thin")
+    await wait_status(cluster_client, src)
+    snap, snap_uid = await create_lv(
+        cluster_client, shared_node.name, GiB, deviceClass="thin", source=src, accessType="ro"
+    )
+    clone, clone_uid = await create_lv(
+        cluster_client, shared_node.name, 2 * GiB, deviceClass="thin", source=src, accessType="rw"
+    )
+    assert await wait_status(cluster_client, snap) == {"volumeID": snap_uid, "currentSize": "1Gi"}
+    assert await wait_status(cluster_client, clone) == {
+        "volumeID": clone_uid,
+        "currentSize": "2Gi",
+    }
+    lvs = shared_node.lvs("vg1")
+    assert lvs[snap_uid]["origin"] == src_uid and lvs[clone_uid]["origin"] == src_uid
+    assert lvs[snap_uid]["lv_attr"][1] == "r" and lvs[clone_uid]["lv_attr"][1] == "w"
+    assert lvs[snap_uid]["pool_lv"] == "pool0"
+    await delete_and_wait(cluster_client, snap, clone, src)
+    assert not {src_uid, snap_uid, clone_uid} & set(shared_node.lvs("vg1"))
+
+
+async def test_delete_when_the_lv_is_already_gone(
+    shared_node: UmlNode, cluster_client: AsyncClient
+) -> None:
+    name, uid = await create_lv(cluster_client, shared_node.name, GiB)
+    await wait_status(cluster_client, name)
+    shared_node.lvm("lvremove", "-y", f"vg1/{uid}")
+    await delete_and_wait(cluster_client, name)
+
+
+async def test_pending_deletion_annotation_is_left_alone(
+    shared_node: UmlNode, cluster_client: AsyncClient
+) -> None:
+    name, uid = await create_lv(cluster_client, shared_node.name, GiB)
+    await wait_status(cluster_client, name)
+    await api.patch_merge(
+        cluster_client,
+        LV,
+        name,
+        {"metadata": {"annotations": {"topolvm.io/pendingdeletion": "true"}, "finalizers": []}},
+    )
+    await delete_and_wait(cluster_client, name)
+    await asyncio.sleep(0.5)
+    assert uid in shared_node.lvs("vg1")  # the node's cleanup path never removes LVs itself
+    shared_node.lvm("lvremove", "-y", f"vg1/{uid}")
+
+
+def metrics(node: UmlNode) -> dict[tuple[str, str], float]:
+    """topolvm-node's /metrics in the guest: (name, device_class) -> value for this node."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = node.http_get(8080, "/metrics")
+    return {
+        (s.name, s.labels["device_class"]): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.labels.get("node") == node.name and "device_class" in s.labels
+    }
+
+
+async def test_metrics_describe_the_volume_group_and_thin_pool(shared_node: UmlNode) -> None:
+    vgs = json.loads(
+        shared_node.lvm("vgs", "vg1", "--reportformat", "json", "--units", "b", "--nosuffix",
+                        "-o", "vg_size,vg_free")
+    )["report"][0]["vg"][0]  # fmt: skip
+    samples = await eventually_async(
+        "metrics", lambda: asyncio.to_thread(metrics, shared_node), timeout=30
+    )
+    assert samples["topolvm_volumegroup_size_bytes", "ssd"] == int(vgs["vg_size"])
+    assert samples["topolvm_thinpool_size_bytes", "thin"] == 2 * GiB
+    assert samples["topolvm_thinpool_overprovisioned_available", "thin"] > 0
+    for metric in ("topolvm_thinpool_data_percent", "topolvm_thinpool_metadata_percent"):
+        assert 0 <= samples[metric, "thin"] <= 100
+    assert ("topolvm_thinpool_size_bytes", "ssd") not in samples
+
+
+async def test_legacy_group_and_names(
+    control_plane: ControlPlane, uml_nodes: UmlNodes, cluster_client: AsyncClient
+) -> None:
+    (node,) = uml_nodes(1, vg_gib=[4])
+    node.start_topolvm_node(control_plane, [THICK], "--legacy")
+    name, uid = await create_lv(cluster_client, node.name, GiB, names=LEGACY)
+    assert (await wait_status(cluster_client, name, names=LEGACY))["volumeID"] == uid
+    obj = await lv_object(cluster_client, name, LEGACY)
+    assert obj["metadata"]["finalizers"] == [LEGACY.lv_finalizer]
+    assert await api.get(cluster_client, LV, name) is None  # nothing in the topolvm.io group
+    annos = await eventually_async(
+        "legacy annotations", lambda: node_annotations(cluster_client, node.name)
+    )
+    assert "capacity.topolvm.cybozu.com/00default" in annos
+    assert not any(k.startswith("capacity.topolvm.io/") for k in annos)
+    node_obj = await api.get(cluster_client, Node, node.name)
+    assert node_obj is not None and node_obj["metadata"]["finalizers"] == [LEGACY.node_finalizer]
 
 
 async def test_restart_mid_create_creates_each_lv_once(
@@ -174,3 +353,10 @@ async def test_capacity_annotations_follow_lvm_and_node_finalizer(
     pending = await api.get(cluster_client, Node, node.name)
     assert pending is not None and pending["metadata"].get("deletionTimestamp")
     assert NORMAL.node_finalizer in pending["metadata"]["finalizers"]
+    # The next change lvmd reports makes the exporter stop; LogicalVolumes still reconcile.
+    name, _ = await create_lv(cluster_client, node.name, GiB)
+    await wait_status(cluster_client, name)
+    await eventually_async(
+        "the exporter to stop",
+        lambda: asyncio.to_thread(lambda: "no more capacity updates" in node.node_log()),
+    )

@@ -6,8 +6,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from tests.kube_emulator import KubeEmulator
-from tests.kube_fixtures import kube, write_kubeconfig  # noqa: F401
+from tests.kube_fixtures import write_kubeconfig
 
 TOPOLVM = [sys.executable, "-m", "topolvm", "--log-format", "text"]
 
@@ -46,16 +45,6 @@ async def test_bad_kubeconfig_file(tmp_path: Path) -> None:
     )  # fmt: skip
     assert code == 1
     assert "cannot load Kubernetes client configuration" in out
-
-
-async def test_node_object_missing(tmp_path: Path, kube: KubeEmulator) -> None:  # noqa: F811
-    kubeconfig = write_kubeconfig(tmp_path / "kc", kube.url)
-    code, out = await run_node(
-        "--nodename", "ghost", "--kubeconfig", str(kubeconfig), "--metrics-bind-address", "0",
-        "--csi-socket", str(tmp_path / "csi.sock"),
-    )  # fmt: skip
-    assert code == 1
-    assert "Node 'ghost' does not exist" in out
 
 
 async def test_bad_flag_values() -> None:

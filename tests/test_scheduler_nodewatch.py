@@ -1,4 +1,5 @@
-"""``--node-cache`` mode fed by a real Node watch against the API emulator (host)."""
+"""``--node-cache`` mode under watch faults (410 Gone, API server restarts, lost sync) against the
+API emulator (host). The real kube-scheduler + Node watch is in tests/test_cluster_scheduler.py."""
 
 from __future__ import annotations
 
@@ -82,29 +83,6 @@ async def extender(kube: KubeEmulator, tmp_path: Path) -> AsyncIterator[Extender
         await asyncio.wait_for(proc.wait(), 20)
         log.close()
     assert proc.returncode == 0, (tmp_path / "scheduler.log").read_text()
-
-
-async def test_requests_with_names_only_use_the_watched_annotations(
-    extender: Extender,
-    kube: KubeEmulator,  # noqa: F811
-) -> None:
-    reply = await extender.until(["node-a", "node-b", "node-c"], ["node-a"])
-    assert reply["Nodes"] is None
-    assert reply["FailedNodes"]["node-b"] == (
-        f"out of VG free space for device-class ssd: requested {10 * GiB} bytes, "
-        f"available {GiB} bytes"
-    )
-    assert reply["FailedNodes"]["node-c"].startswith("no capacity annotation")
-
-    # topolvm-node publishes new capacity: the extender sees it through its watch
-    kube.create(node("node-b", ssd=50 * GiB))
-    await extender.until(["node-a", "node-b", "node-c"], ["node-a", "node-b"])
-
-    # a node that was never seen, and a deleted one, are "unknown capacity", never zero
-    await kube.remove("nodes", "node-a")
-    reply = await extender.until(["node-a", "node-b", "node-z"], ["node-b"])
-    assert "unknown capacity" in reply["FailedNodes"]["node-a"]
-    assert "unknown capacity" in reply["FailedNodes"]["node-z"]
 
 
 async def test_watch_recovers_from_410_and_apiserver_restarts(

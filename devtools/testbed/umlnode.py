@@ -161,6 +161,11 @@ class UmlNode:
         res: dict[str, Any] = self._call(f"/daemon/{name}")
         return res
 
+    def http_get(self, port: int, path: str) -> str:
+        """GET a guest daemon's HTTP endpoint (say, topolvm-node's /metrics on 8080)."""
+        with urllib.request.urlopen(f"http://{self.address}:{port}{path}", timeout=10) as r:
+            return str(r.read().decode())
+
     # --- LVM and topolvm-node -----------------------------------------------------------
 
     def lvm(self, *args: str, check: bool = True) -> str:
@@ -184,20 +189,10 @@ class UmlNode:
         out = self.exec("findmnt", "-J", "-l", "-o", "TARGET,SOURCE,FSTYPE").stdout
         return {m["target"]: m for m in json.loads(out)["filesystems"]}
 
-    def start_topolvm_node(
-        self,
-        cp: ControlPlane,
-        device_classes: list[dict[str, Any]],
-        *extra: str,
-        name: str = "topolvm-node",
-    ) -> None:
-        """``topolvm node --embed-lvmd`` for this node, against the host's API server."""
+    def _config(self, name: str, device_classes: list[dict[str, Any]]) -> Path:
         folder = self.workdir / self.name
         folder.mkdir(parents=True, exist_ok=True)
-        kubeconfig = cp.write_kubeconfig(
-            folder / "kubeconfig", f"https://{host_address(self.index)}:{API_PORT}"
-        )
-        config = folder / "lvmd.yaml"
+        config = folder / f"{name}-lvmd.yaml"
         config.write_text(
             yaml.safe_dump(
                 {
@@ -208,11 +203,48 @@ class UmlNode:
             )
         )
         self.exec("mkdir", "-p", "/run/topolvm")
+        return config
+
+    def start_lvmd(self, device_classes: list[dict[str, Any]], name: str = "lvmd") -> str:
+        """A separate ``topolvm lvmd`` daemon in the guest; returns its socket path."""
+        config = self._config(name, device_classes)
+        self.spawn(
+            name,
+            [sys.executable, "-m", "topolvm", "lvmd", f"--config={config}",
+             "--metrics-bind-address=:8081"],
+        )  # fmt: skip
+        socket = f"/run/topolvm/{name}-lvmd.sock"
+        deadline = time.monotonic() + 60
+        while self.exec("test", "-S", socket, check=False).rc != 0:
+            if time.monotonic() > deadline or not self.daemon(name)["running"]:
+                raise HarnessError(f"{self.name}: lvmd did not start:\n{self.daemon(name)['log']}")
+            time.sleep(0.3)
+        return socket
+
+    def start_topolvm_node(
+        self,
+        cp: ControlPlane,
+        device_classes: list[dict[str, Any]],
+        *extra: str,
+        name: str = "topolvm-node",
+        lvmd_socket: str | None = None,
+    ) -> None:
+        """``topolvm node`` for this node against the host's API server: with lvmd embedded
+        (``device_classes``), or using the lvmd at ``lvmd_socket``."""
+        folder = self.workdir / self.name
+        folder.mkdir(parents=True, exist_ok=True)
+        kubeconfig = cp.write_kubeconfig(
+            folder / "kubeconfig", f"https://{host_address(self.index)}:{API_PORT}"
+        )
+        if lvmd_socket:
+            self.exec("mkdir", "-p", "/run/topolvm")
+            lvmd = [f"--lvmd-socket={lvmd_socket}"]
+        else:
+            lvmd = ["--embed-lvmd", f"--config={self._config(name, device_classes)}"]
         argv = [
             sys.executable, "-m", "topolvm", "--log-format", "text", "node",
-            f"--nodename={self.name}", "--embed-lvmd", f"--config={config}",
-            f"--kubeconfig={kubeconfig}", f"--csi-socket={CSI_SOCKET}",
-            "--metrics-bind-address=:8080", *extra,
+            f"--nodename={self.name}", *lvmd, f"--kubeconfig={kubeconfig}",
+            f"--csi-socket={CSI_SOCKET}", "--metrics-bind-address=:8080", *extra,
         ]  # fmt: skip
         self.spawn(name, argv)
 
