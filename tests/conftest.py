@@ -41,8 +41,6 @@ def _prepare_cluster_tier(config: pytest.Config) -> None:
             gobuild.ensure(*CLUSTER_BINARIES)
         except gobuild.BuildError as exc:
             raise pytest.UsageError(f"cannot build the real control plane: {exc}") from exc
-    if process.in_private_netns():
-        return  # already isolated (a developer shell from `python -m devtools.cluster shell`)
     threads = os.listdir("/proc/self/task")
     if len(threads) != 1:
         raise pytest.UsageError(

@@ -106,8 +106,10 @@ class ControlPlane:
         return self
 
     def stop(self) -> None:
+        """Stop every component (last started first); keep the logs, drop etcd's data."""
         for name in reversed(list(self.children)):
             self.children.pop(name).stop()
+        shutil.rmtree(self.workdir / "etcd", ignore_errors=True)
 
     def _start_etcd(self) -> None:
         data = self.workdir / "etcd"

@@ -108,11 +108,3 @@ def enter_private_netns() -> None:
         err = ctypes.get_errno()
         raise HarnessError(f"unshare(CLONE_NEWNET) failed: {os.strerror(err)} (run as root)")
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-
-
-def in_private_netns() -> bool:
-    """True when this process's network namespace is not PID 1's (our tests, or a dev shell)."""
-    try:
-        return os.readlink("/proc/self/ns/net") != os.readlink("/proc/1/ns/net")
-    except OSError:
-        return False
