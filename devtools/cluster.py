@@ -31,6 +31,7 @@ from devtools.testbed.umlnode import UmlNode
 NETNS = "topolvm-dev"
 WORKDIR = gobuild.ROOT / ".cache" / "cluster"
 STATE = WORKDIR / "state.json"
+PIDFILE = WORKDIR / "serve.pid"  # the process group of `serve`
 THICK = {"name": "ssd", "volume-group": "vg1", "default": True, "spare-gb": 1}
 
 
@@ -42,8 +43,7 @@ def up(nodes: int, vg_gib: float) -> int:
     if STATE.exists():
         print(f"already up ({STATE}); `python -m devtools.cluster down` first", file=sys.stderr)
         return 1
-    bins = gobuild.ensure()  # builds before entering the namespace (needs the module proxy)
-    del bins
+    gobuild.ensure()  # builds before entering the namespace (needs the module proxy)
     if not _netns_exists():
         subprocess.run(["ip", "netns", "add", NETNS], check=True)
         subprocess.run(["ip", "netns", "exec", NETNS, "ip", "link", "set", "lo", "up"], check=True)
@@ -56,6 +56,7 @@ def up(nodes: int, vg_gib: float) -> int:
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             cwd=gobuild.ROOT, start_new_session=True,
         )  # fmt: skip
+    PIDFILE.write_text(str(proc.pid))
     print(f"starting the control plane{f' and {nodes} UML nodes' if nodes else ''} ...")
     while not STATE.exists():
         if proc.poll() is not None:
@@ -113,7 +114,8 @@ def serve(nodes: int, vg_gib: float) -> int:
         for node in guests:
             with contextlib.suppress(Exception):
                 node.stop_topolvm_node()
-            node.stop()
+            with contextlib.suppress(Exception):
+                node.stop()
         cp.stop()
         STATE.unlink(missing_ok=True)
     return 0
@@ -168,18 +170,22 @@ def logs(name: str | None) -> int:
 
 
 def down() -> int:
-    state = _state()
-    if state is not None:
-        pid = int(str(state["pid"]))
+    """Stop `serve` (its whole process group; components die with it), then clean up."""
+    try:
+        pgid = int(PIDFILE.read_text())
+    except (OSError, ValueError):
+        pgid = 0
+    if pgid:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        for _ in range(120):
-            if not STATE.exists():
+            os.killpg(pgid, signal.SIGTERM)
+        for _ in range(120):  # serve stops UML nodes and the control plane, then exits
+            if not Path(f"/proc/{pgid}").exists():
                 break
             time.sleep(0.5)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
     if _netns_exists():
         subprocess.run(["ip", "netns", "delete", NETNS], check=False)
-    STATE.unlink(missing_ok=True)
     shutil.rmtree(WORKDIR, ignore_errors=True)
     print("down")
     return 0

@@ -13,6 +13,7 @@ proxy only; GOMODCACHE and GOCACHE are Go's defaults, so they survive between ru
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -163,11 +164,17 @@ def _run_with_progress(argv: list[str], cwd: Path, label: str, cold_minutes: int
 
     t = threading.Thread(target=ticker, daemon=True)
     t.start()
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line.rstrip())
-    rc = proc.wait()
-    done.set()
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+        rc = proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        done.set()
+        t.join()  # no thread outlives the build (pytest then enters its network namespace)
     if rc != 0:
         tail = "\n".join(lines[-30:])
         raise BuildError(f"{label}: `{' '.join(argv)}` exited {rc} in {cwd}:\n{tail}")
@@ -179,6 +186,15 @@ def build(group: Group) -> Path:
     out = cache_dir(group)
     if (out / ".complete").exists():
         return out
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with (CACHE / f".{group.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another session may be building the same group
+        if (out / ".complete").exists():
+            return out
+        return _build_locked(group, out)
+
+
+def _build_locked(group: Group, out: Path) -> Path:
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

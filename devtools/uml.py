@@ -12,13 +12,14 @@ import contextlib
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from devtools.testbed.process import die_with_parent, stop_group
 
 KERNEL = "linux.uml"
 REPO = Path(__file__).resolve().parent.parent
@@ -64,6 +65,18 @@ NET_SETUP = """\
 ip link set eth0 up
 ip addr add {address} dev eth0
 """
+
+
+FAST_PREFIX = "topolvm-uml-"
+
+
+def _sweep_stale(folder: Path) -> None:
+    """Remove disk images and memory files left by a process that was killed (its pid, in the
+    folder's name, is gone): a cleanup that a SIGKILL never let run."""
+    for entry in folder.glob(f"{FAST_PREFIX}*-*"):
+        pid = entry.name[len(FAST_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 class UmlError(RuntimeError):
@@ -131,9 +144,10 @@ def _prepared(
     shared_root = Path(workdir) if workdir else REPO / ".uml"
     shared_root.mkdir(parents=True, exist_ok=True)
     fast = "/dev/shm" if os.path.isdir("/dev/shm") else None  # memory + disk images (host side)
+    _sweep_stale(Path(fast or tempfile.gettempdir()))
     with (
         tempfile.TemporaryDirectory(prefix="run-", dir=shared_root) as tmp,
-        tempfile.TemporaryDirectory(prefix="topolvm-uml-", dir=fast) as fast_tmp,
+        tempfile.TemporaryDirectory(prefix=f"{FAST_PREFIX}{os.getpid()}-", dir=fast) as fast_tmp,
     ):
         base = Path(tmp)
         args = [
@@ -246,29 +260,24 @@ def running(
         command, disks=disks, mem_mb=mem_mb, env=env, cwd=cwd, capture=False,
         workdir=None, network=network,
     ) as boot:  # fmt: skip
+        # In a PID namespace of its own, UML is its init: when it dies, however, the kernel
+        # kills every process in it, the host processes that run the guest's programs too.
+        # --kill-child makes it die with `unshare`, which dies with us (die_with_parent).
+        argv = ["unshare", "--pid", "--fork", "--kill-child=SIGKILL", *boot.args]
         with console.open("ab") as out:
             proc = subprocess.Popen(
-                boot.args,
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=boot.host_env,
                 start_new_session=True,
+                preexec_fn=die_with_parent,  # noqa: PLW1509 (one prctl call, no locks)
             )
         try:
             yield proc
         finally:
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, sig)
-                try:
-                    proc.wait(5)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)  # UML's helper processes
-            proc.wait()
+            stop_group(proc, grace=5)  # and UML's helper processes, which share its group
 
 
 def main() -> int:

@@ -20,12 +20,14 @@ from pathlib import Path
 import pytest
 import yaml
 from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Node, Pod
 
 from devtools import gobuild
 from devtools.testbed.controlplane import GUEST_SUBNETS, ControlPlane
 from devtools.testbed.kubelet import KubeletStandIn
 from devtools.testbed.process import Child
 from devtools.testbed.umlnode import UmlNode
+from topolvm.k8s import api
 from topolvm.k8s.api import make_client
 
 CLUSTER_BINARIES = (
@@ -118,24 +120,34 @@ class NodeSet:
             self.started.append(node)
             node.start()
             node.make_vg("vg1", sizes[i])
-            self.cp.add_node(node.name, labels={GROUP_LABEL: self.prefix})
+            node.labels[GROUP_LABEL] = self.prefix
+            self.cp.add_node(node.name, labels=node.labels)
             made.append(node)
         return made
 
     def close(self) -> None:
+        """Every step runs for every node, whatever an earlier one raised; the first error is
+        raised at the end."""
         cp = self.cp
+        errors: list[BaseException] = []
         for node in self.started:
             with contextlib.suppress(Exception):
                 node.stop_topolvm_node()
         for node in self.started:
-            cp.kubectl("delete", "node", node.name, "--wait=false", check=False)
-            cp.kubectl("delete", "csinode", node.name, "--wait=false", check=False)
-            _drop_finalizers(cp, "node", node.name)
-            for group in ("logicalvolumes.topolvm.io", "logicalvolumes.topolvm.cybozu.com"):
-                _delete_lvs_on(cp, group, node.name)
-            node.stop()
-            _free_indices.append(node.index)
+            try:
+                cp.kubectl("delete", "node", node.name, "--wait=false", check=False)
+                cp.kubectl("delete", "csinode", node.name, "--wait=false", check=False)
+                _drop_finalizers(cp, "node", node.name)
+                for group in ("logicalvolumes.topolvm.io", "logicalvolumes.topolvm.cybozu.com"):
+                    _delete_lvs_on(cp, group, node.name)
+            except Exception as exc:
+                errors.append(exc)
+            finally:
+                node.stop()
+                _free_indices.append(node.index)
         self.started.clear()
+        if errors:
+            raise errors[0]
 
 
 @pytest.fixture
@@ -214,15 +226,21 @@ def _up(port: int) -> bool:
 
 @pytest.fixture
 async def kubelet(
-    cluster_client: AsyncClient, tmp_path: Path
+    cluster_client: AsyncClient,
 ) -> AsyncIterator[Callable[[list[UmlNode]], KubeletStandIn]]:
-    """``kubelet(nodes)``: the kubelet stand-in for those UML nodes. Its root is a temp folder
-    (the guests see the host's files), laid out as /var/lib/kubelet."""
+    """``kubelet(nodes)``: the kubelet stand-in for those UML nodes. Its root, standing for
+    /var/lib/kubelet, is /run/kubelet on each node: the guest's own tmpfs, so nothing the
+    node makes there (mount points, block device files) lands on the host."""
     made: list[KubeletStandIn] = []
 
     def make(nodes: list[UmlNode]) -> KubeletStandIn:
+        by_name = {n.name: n for n in nodes}
+
+        async def mkdir(node: str, path: str) -> None:
+            await by_name[node].aexec("mkdir", "-p", path)
+
         k = KubeletStandIn(
-            cluster_client, {n.name: n.csi_target for n in nodes}, root=str(tmp_path / "kubelet")
+            cluster_client, {n.name: n.csi_target for n in nodes}, mkdir, root="/run/kubelet"
         )
         made.append(k)
         return k
@@ -230,6 +248,19 @@ async def kubelet(
     yield make
     for k in made:
         await k.close()
+
+
+async def node_annotations(client: AsyncClient, node: str) -> dict[str, str]:
+    """The Node's annotations ({} if it has none or does not exist)."""
+    obj = await api.get(client, Node, node)
+    return dict(((obj or {}).get("metadata") or {}).get("annotations") or {})
+
+
+async def pod_node(client: AsyncClient, pod: str, namespace: str = "default") -> str | None:
+    """The node a pod is bound to, or None while it is not scheduled."""
+    obj = await api.get(client, Pod, pod, namespace=namespace)
+    node = (obj or {}).get("spec", {}).get("nodeName")
+    return str(node) if node else None
 
 
 _names = itertools.count(1)

@@ -18,18 +18,21 @@ from devtools import gobuild
 from devtools.testbed import process
 from tests import uml_tier
 from tests.cluster_fixtures import *  # noqa: F403  (fixtures for the real-control-plane tier)
-from tests.cluster_fixtures import CLUSTER_BINARIES, report_stats
+from tests.cluster_fixtures import report_stats
 from tests.lvm_fixtures import *  # noqa: F403  (fixtures for the real-LVM tier)
 
 
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
-    if uml_tier.IN_UML:
-        return
-    uml_tier.proxy_items(items)
-    if any(item.get_closest_marker("cluster") for item in items):
-        _prepare_cluster_tier(config)
+    if not uml_tier.IN_UML:
+        uml_tier.proxy_items(items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """After deselection (``-m``): only a run that has ``cluster`` tests builds and isolates."""
+    if not uml_tier.IN_UML and any(i.get_closest_marker("cluster") for i in session.items):
+        _prepare_cluster_tier(session.config)
 
 
 def _prepare_cluster_tier(config: pytest.Config) -> None:
@@ -38,7 +41,7 @@ def _prepare_cluster_tier(config: pytest.Config) -> None:
     capman = config.pluginmanager.get_plugin("capturemanager")
     with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
         try:
-            gobuild.ensure(*CLUSTER_BINARIES)
+            gobuild.ensure()  # every group: inside the namespace there is no module proxy
         except gobuild.BuildError as exc:
             raise pytest.UsageError(f"cannot build the real control plane: {exc}") from exc
     threads = os.listdir("/proc/self/task")
@@ -47,7 +50,10 @@ def _prepare_cluster_tier(config: pytest.Config) -> None:
             f"the cluster tier must enter its network namespace while pytest has one thread "
             f"(found {len(threads)})"
         )
-    process.enter_private_netns()
+    try:
+        process.enter_private_netns()
+    except process.HarnessError as exc:
+        raise pytest.UsageError(f"the cluster tier needs its own network namespace: {exc}") from exc
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 
@@ -19,13 +20,14 @@ def free_port() -> int:
 async def eventually(
     what: str,
     check: Callable[[], Any],
-    timeout: float = 30.0,
+    timeout: float = 60.0,
     *,
     gave_up: Callable[[], bool] = lambda: False,
     details: Callable[[], str] = lambda: "",
     interval: float = 0.05,
 ) -> Any:
-    """Poll ``check()`` until it returns something truthy and return that.
+    """Poll ``check()`` until it returns something truthy and return that. ``check`` may be a
+    coroutine function (say, a read from the API server).
 
     Stops early once ``gave_up()`` is true (say, the process under test exited). On failure
     raises AssertionError naming ``what``, followed by ``details()`` (say, a log).
@@ -34,30 +36,11 @@ async def eventually(
     deadline = loop.time() + timeout
     while True:
         value = check()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
         if loop.time() > deadline or gave_up():
-            extra = details()
-            raise AssertionError(f"timed out waiting for {what}" + (f"; {extra}" if extra else ""))
-        await asyncio.sleep(interval)
-
-
-async def eventually_async(
-    what: str,
-    check: Callable[[], Awaitable[Any]],
-    timeout: float = 60.0,
-    *,
-    details: Callable[[], str] = lambda: "",
-    interval: float = 0.2,
-) -> Any:
-    """:func:`eventually` for an async ``check`` (say, a read from the API server)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if loop.time() > deadline:
             extra = details()
             raise AssertionError(f"timed out waiting for {what}" + (f"; {extra}" if extra else ""))
         await asyncio.sleep(interval)

@@ -12,6 +12,7 @@ from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.storage_v1 import CSINode
 
+from devtools import gobuild
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.process import Child, HarnessError
 from tests.cluster_fixtures import unique
@@ -110,7 +111,8 @@ def test_control_plane_components_are_running(control_plane: ControlPlane) -> No
     for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"):
         assert control_plane.children[name].running(), name
     version = json.loads(control_plane.kubectl("version", "-o", "json"))
-    assert version["serverVersion"]["gitVersion"] == "v1.37.2"
+    pinned = gobuild.versions()["k8s.io/kubernetes/cmd/kube-apiserver"]
+    assert version["serverVersion"]["gitVersion"] == pinned
     # RBAC is on: a service account without bindings may not list nodes.
     out = control_plane.kubectl(
         "auth", "can-i", "list", "nodes", "--as=system:serviceaccount:default:nobody", check=False

@@ -1,26 +1,30 @@
 """A pod with a TopoLVM PVC, end to end on the real control plane and UML nodes with real LVM:
 kube-scheduler + topolvm-scheduler pick the node with the most free space, a LogicalVolume for
 that node (written by the test, as topolvm-controller will) becomes an LV in its VG, and the
-kubelet stand-in mounts it."""
+kubelet stand-in mounts it (a filesystem and a block volume); the filesystem then grows
+online through NodeExpandVolume."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import Node, PersistentVolume, PersistentVolumeClaim, Pod
+from lightkube.resources.core_v1 import PersistentVolume, PersistentVolumeClaim, Pod
 
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.kubelet import KubeletStandIn
 from devtools.testbed.process import Child
 from devtools.testbed.umlnode import UmlNode
-from tests.cluster_fixtures import GROUP_LABEL, UmlNodes, unique
-from tests.helpers import eventually_async
+from tests.cluster_fixtures import GROUP_LABEL, UmlNodes, node_annotations, pod_node, unique
+from tests.helpers import eventually
 from tests.lvm_fixtures import THICK
 from topolvm.constants import NORMAL
 from topolvm.k8s import api
+from topolvm.k8s.logicalvolume import parse_quantity
 
 pytestmark = pytest.mark.cluster
 GiB = 1 << 30
@@ -29,7 +33,7 @@ SELECTED_NODE = "volume.kubernetes.io/selected-node"
 
 
 async def provision_as_the_controller_will(
-    client: AsyncClient, pvc_name: str, storage_class: str, fs_type: str
+    client: AsyncClient, pvc_name: str, storage_class: str, fs_type: str, block: bool = False
 ) -> tuple[str, str, str]:
     """Stand-in for topolvm-controller (not built yet): once kube-scheduler has selected a
     node, write a LogicalVolume for it, wait for the node to create the LV, then write the PV
@@ -40,9 +44,9 @@ async def provision_as_the_controller_will(
         annotations = (pvc or {}).get("metadata", {}).get("annotations") or {}
         return pvc if SELECTED_NODE in annotations else None
 
-    pvc = await eventually_async(f"{SELECTED_NODE} on {pvc_name}", selected)
+    pvc = await eventually(f"{SELECTED_NODE} on {pvc_name}", selected)
     node = pvc["metadata"]["annotations"][SELECTED_NODE]
-    size = int(pvc["spec"]["resources"]["requests"]["storage"].removesuffix("Gi")) * GiB
+    size = parse_quantity(pvc["spec"]["resources"]["requests"]["storage"])
     name = f"pvc-{pvc['metadata']['uid']}"
     await client.create(
         LV.from_dict(
@@ -61,7 +65,7 @@ async def provision_as_the_controller_will(
         assert not status.get("code"), f"the node failed to create the LV: {status}"
         return status.get("volumeID")
 
-    volume_id: str = await eventually_async(f"LogicalVolume {name} created", created)
+    volume_id: str = await eventually(f"LogicalVolume {name} created", created)
     await client.create(
         cast(
             PersistentVolume,
@@ -75,7 +79,7 @@ async def provision_as_the_controller_will(
                         "accessModes": ["ReadWriteOnce"],
                         "persistentVolumeReclaimPolicy": "Delete",
                         "storageClassName": storage_class,
-                        "volumeMode": "Filesystem",
+                        "volumeMode": "Block" if block else "Filesystem",
                         "claimRef": {
                             "namespace": "default",
                             "name": pvc_name,
@@ -84,7 +88,7 @@ async def provision_as_the_controller_will(
                         "csi": {
                             "driver": "topolvm.io",
                             "volumeHandle": volume_id,
-                            "fsType": fs_type,
+                            **({} if block else {"fsType": fs_type}),
                             "volumeAttributes": {"topolvm.io/device-class": "ssd"},
                         },
                         "nodeAffinity": {
@@ -110,7 +114,48 @@ async def provision_as_the_controller_will(
     return node, name, volume_id
 
 
-async def test_pod_with_pvc_lands_on_the_roomiest_uml_node_and_gets_a_mounted_volume(
+def claim(name: str, sc: str, size: str, block: bool = False) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": sc,
+            "volumeMode": "Block" if block else "Filesystem",
+            "resources": {"requests": {"storage": size}},
+        },
+    }
+
+
+async def grow_as_the_controller_and_resizer_will(
+    cp: ControlPlane, client: AsyncClient, pvc: str, lv_name: str, size: int
+) -> None:
+    """The user asks for more; topolvm-controller raises the LogicalVolume (ControllerExpand),
+    csi-resizer records the new PV size and marks the claim for the node's part."""
+    quantity = f"{size // GiB}Gi"
+    request = {"spec": {"resources": {"requests": {"storage": quantity}}}}
+    cp.kubectl("patch", "pvc", pvc, "-n", "default", "--type=merge", "-p", json.dumps(request))
+    await api.patch_merge(client, LV, lv_name, {"spec": {"size": str(size)}})
+
+    async def grown() -> bool:
+        obj = await api.get(client, LV, lv_name)
+        return ((obj or {}).get("status") or {}).get("currentSize") == quantity
+
+    await eventually("the LV to grow", grown)
+    await api.patch_merge(
+        client, PersistentVolume, lv_name, {"spec": {"capacity": {"storage": quantity}}}
+    )
+    await api.patch_merge(
+        client,
+        PersistentVolumeClaim.Status,
+        pvc,
+        {"status": {"conditions": [{"type": "FileSystemResizePending", "status": "True"}]}},
+        namespace="default",
+    )
+
+
+async def test_pod_with_pvcs_lands_on_the_roomiest_uml_node_and_gets_its_volumes(
     control_plane: ControlPlane,
     extenders: dict[str, Child],
     uml_nodes: UmlNodes,
@@ -124,18 +169,15 @@ async def test_pod_with_pvc_lands_on_the_roomiest_uml_node_and_gets_a_mounted_vo
         n.start_topolvm_node(control_plane, [THICK])
 
     async def all_annotated() -> bool:
-        for n in nodes:
-            obj = await api.get(cluster_client, Node, n.name)
-            if "capacity.topolvm.io/ssd" not in (obj or {}).get("metadata", {}).get(
-                "annotations", {}
-            ):
-                return False
-        return True
+        found = [await node_annotations(cluster_client, n.name) for n in nodes]
+        return all("capacity.topolvm.io/ssd" in a for a in found)
 
-    await eventually_async("capacity annotations on every UML node", all_annotated)
+    await eventually("capacity annotations on every UML node", all_annotated)
     roomiest = nodes[1]
-    sc, pvc, pod = unique("topolvm-xfs"), unique("data"), unique("app")
-    group = nodes[0].name.rsplit("-n", 1)[0]
+    group = nodes[0].labels[GROUP_LABEL]
+    sc, data, raw, pod = unique("topolvm-xfs"), unique("data"), unique("raw"), unique("app")
+    standin = kubelet(nodes)
+    volumes: list[str] = []  # LogicalVolume = PV names
     control_plane.apply(
         {
             "apiVersion": "storage.k8s.io/v1",
@@ -149,24 +191,16 @@ async def test_pod_with_pvc_lands_on_the_roomiest_uml_node_and_gets_a_mounted_vo
                 "csi.storage.k8s.io/fstype": "xfs",
             },
         },
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": pvc, "namespace": "default"},
-            "spec": {
-                "accessModes": ["ReadWriteOnce"],
-                "storageClassName": sc,
-                "resources": {"requests": {"storage": "2Gi"}},
-            },
-        },
+        claim(data, sc, "2Gi"),
+        claim(raw, sc, "1Gi", block=True),
         {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
                 "name": pod,
                 "namespace": "default",
-                # What topolvm-controller's pod webhook will write for a 2Gi ssd claim.
-                "annotations": {"capacity.topolvm.io/ssd": str(2 * GiB)},
+                # What topolvm-controller's pod webhook will write for 2Gi + 1Gi of ssd.
+                "annotations": {"capacity.topolvm.io/ssd": str(3 * GiB)},
             },
             "spec": {
                 "schedulerName": "topolvm-extender",
@@ -176,52 +210,84 @@ async def test_pod_with_pvc_lands_on_the_roomiest_uml_node_and_gets_a_mounted_vo
                         "name": "app",
                         "image": "registry.invalid/app:1",
                         "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                        "volumeDevices": [{"name": "raw", "devicePath": "/dev/raw"}],
                     }
                 ],
-                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": pvc}}],
+                "volumes": [
+                    {"name": "data", "persistentVolumeClaim": {"claimName": data}},
+                    {"name": "raw", "persistentVolumeClaim": {"claimName": raw}},
+                ],
             },
         },
     )
     try:
-        node_name, lv_name, volume_id = await provision_as_the_controller_will(
-            cluster_client, pvc, sc, "xfs"
+        node_name, data_lv, data_id = await provision_as_the_controller_will(
+            cluster_client, data, sc, "xfs"
         )
+        volumes.append(data_lv)
         assert node_name == roomiest.name
+        raw_node, raw_lv, raw_id = await provision_as_the_controller_will(
+            cluster_client, raw, sc, "", block=True
+        )
+        volumes.append(raw_lv)
+        assert raw_node == roomiest.name
         lvs = roomiest.lvs("vg1")
-        assert int(lvs[volume_id]["lv_size"]) == 2 * GiB
+        assert int(lvs[data_id]["lv_size"]) == 2 * GiB and int(lvs[raw_id]["lv_size"]) == GiB
         for other in (nodes[0], nodes[2]):
             assert other.lvs("vg1") == {}
 
-        async def bound() -> str | None:
-            obj = await api.get(cluster_client, Pod, pod, namespace="default")
-            node = (obj or {}).get("spec", {}).get("nodeName")
-            return str(node) if node else None
-
-        assert await eventually_async(f"{pod} bound", bound, timeout=90) == roomiest.name
-        published = await kubelet(nodes).start_pod(pod)
-        (vol,) = published
-        mounts = roomiest.mounts()
-        assert mounts[vol.target]["fstype"] == "xfs"
-        roomiest.exec("sh", "-c", f"echo hello > {vol.target}/file && sync")
-        assert roomiest.exec("cat", f"{vol.target}/file").stdout == "hello\n"
+        assert (
+            await eventually(f"{pod} bound", lambda: pod_node(cluster_client, pod), timeout=90)
+            == roomiest.name
+        )
+        fs, dev = sorted(await standin.start_pod(pod), key=lambda v: v.block)
+        assert roomiest.mounts()[fs.target]["fstype"] == "xfs"
+        roomiest.exec("sh", "-c", f"echo hello > {fs.target}/file && sync")
+        assert roomiest.exec("cat", f"{fs.target}/file").stdout == "hello\n"
+        assert roomiest.exec("test", "-b", dev.target, check=False).rc == 0
+        size = roomiest.exec("blockdev", "--getsize64", dev.target).stdout.strip()
+        assert int(size) == GiB
         running = await api.get(cluster_client, Pod, pod, namespace="default")
         assert running is not None and running["status"]["phase"] == "Running"
 
-        await kubelet(nodes).stop_pod(pod)
-        assert vol.target not in roomiest.mounts()
+        # Online resize of the filesystem: the node's part through the kubelet stand-in.
+        await grow_as_the_controller_and_resizer_will(
+            control_plane, cluster_client, data, data_lv, 3 * GiB
+        )
+        await standin.expand_pvc(pod, data)
+        df = roomiest.exec("df", "-B1", "--output=size", fs.target).stdout.split()[-1]
+        assert int(df) > 2 * GiB + GiB // 2  # xfs grew (minus its own metadata)
+        assert roomiest.exec("cat", f"{fs.target}/file").stdout == "hello\n"
+        claimed = await api.get(cluster_client, PersistentVolumeClaim, data, namespace="default")
+        assert claimed is not None and claimed["status"]["capacity"]["storage"] == "3Gi"
+        assert not [
+            c for c in claimed["status"].get("conditions") or []
+            if c["type"] == "FileSystemResizePending"
+        ]  # fmt: skip
+
+        await standin.stop_pod(pod)
+        assert fs.target not in roomiest.mounts()
+        assert roomiest.exec("test", "-e", dev.target, check=False).rc != 0
     finally:
+        with contextlib.suppress(Exception):
+            await standin.stop_pod(pod)  # a failed test may have left volumes published
         control_plane.kubectl(
             "delete", "pod", pod, "-n", "default", "--grace-period=0", "--force",
             "--ignore-not-found", check=False,
         )  # fmt: skip
-        control_plane.kubectl("delete", "pvc", pvc, "-n", "default", "--wait=false", check=False)
-    # Without topolvm-controller nothing deletes the volume behind a released PV: do its part.
-    await cluster_client.delete(PersistentVolume, lv_name)
-    await cluster_client.delete(LV, lv_name)
+        control_plane.kubectl(
+            "delete", "pvc", data, raw, "-n", "default", "--wait=false", check=False
+        )
+        # Without topolvm-controller nothing deletes the volume behind a released PV: do its part.
+        for name in volumes:
+            control_plane.kubectl("delete", "pv", name, "--wait=false", check=False)
+            control_plane.kubectl(
+                "delete", f"logicalvolumes.{NORMAL.group}", name, "--wait=false", check=False
+            )
+        control_plane.kubectl("delete", "storageclass", sc, check=False)
 
-    async def lv_removed() -> bool:
-        return await api.get(cluster_client, LV, lv_name) is None
+    async def volumes_gone() -> bool:
+        return all([await api.get(cluster_client, LV, name) is None for name in volumes])
 
-    await eventually_async("LogicalVolume removed", lv_removed)
+    await eventually("LogicalVolumes removed by the node", volumes_gone)
     assert roomiest.lvs("vg1") == {}
-    control_plane.kubectl("delete", "storageclass", sc, check=False)

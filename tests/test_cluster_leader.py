@@ -13,7 +13,7 @@ from lightkube.resources.coordination_v1 import Lease
 
 from devtools.testbed.controlplane import ControlPlane
 from tests.cluster_fixtures import unique
-from tests.test_k8s_leader import MICRO, Work, first_leader, stop
+from tests.leader_helpers import MICRO, Work, first_leader, stop
 from topolvm.k8s import api
 from topolvm.k8s.api import make_client
 from topolvm.k8s.leader import LeaderElector

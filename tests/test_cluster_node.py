@@ -19,8 +19,8 @@ from lightkube.resources.core_v1 import Node
 
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.umlnode import UmlNode
-from tests.cluster_fixtures import NodeSet, UmlNodes, unique
-from tests.helpers import eventually_async
+from tests.cluster_fixtures import NodeSet, UmlNodes, node_annotations, unique
+from tests.helpers import eventually
 from tests.lvm_fixtures import THICK, THIN
 from topolvm.constants import LEGACY, NORMAL, Names
 from topolvm.k8s import api
@@ -56,17 +56,12 @@ async def node_with_topolvm(cp: ControlPlane, uml_nodes: UmlNodes, client: Async
     (node,) = uml_nodes(1, vg_gib=[6])
     node.lvm("lvcreate", "-T", "vg1/pool0", "-L", f"{2 * GiB}b", "-y")
     node.start_topolvm_node(cp, [THICK, THIN])
-    await eventually_async(
+    await eventually(
         "capacity annotations",
         lambda: node_annotations(client, node.name),
         details=node.node_log,
     )
     return node
-
-
-async def node_annotations(client: AsyncClient, node: str) -> dict[str, str]:
-    obj = await api.get(client, Node, node)
-    return dict(((obj or {}).get("metadata") or {}).get("annotations") or {})
 
 
 async def create_lv(
@@ -105,7 +100,7 @@ async def wait_status(
         done = ready(st) if ready else bool(st.get("volumeID") or st.get("code"))
         return st if done else None
 
-    result: dict[str, Any] = await eventually_async(f"status of {name}", check)
+    result: dict[str, Any] = await eventually(f"status of {name}", check)
     return result
 
 
@@ -118,7 +113,7 @@ async def lv_object(client: AsyncClient, name: str, names: Names = NORMAL) -> di
 async def delete_and_wait(client: AsyncClient, *names: str) -> None:
     for n in names:
         await client.delete(LV, n)
-    await eventually_async("LogicalVolumes gone", lambda: _all_gone(client, list(names)))
+    await eventually("LogicalVolumes gone", lambda: _all_gone(client, list(names)))
 
 
 async def _all_gone(client: AsyncClient, names: list[str]) -> bool:
@@ -168,14 +163,21 @@ async def test_resize_grows_the_lv_and_keeps_a_concurrent_writers_change(
 
 
 async def test_create_failure_is_final_with_code_and_message(
-    shared_node: UmlNode, cluster_client: AsyncClient
+    control_plane: ControlPlane, uml_nodes: UmlNodes, cluster_client: AsyncClient
 ) -> None:
-    name, uid = await create_lv(cluster_client, shared_node.name, 100 * GiB)
+    node = await node_with_topolvm(control_plane, uml_nodes, cluster_client)
+    # vg1 has 6 GiB: pool0 takes 2, "filler" 2.5, so a 2 GiB request (1 GiB spare) fails.
+    node.lvm("lvcreate", "-n", "filler", "-L", f"{5 * GiB // 2}b", "-W", "y", "-y", "vg1")
+    name, uid = await create_lv(cluster_client, node.name, 2 * GiB)
     status = await wait_status(cluster_client, name)
     assert status["code"] == 8  # RESOURCE_EXHAUSTED
     assert "no enough space" in status["message"] and "volumeID" not in status
-    await asyncio.sleep(1.0)  # later reconciles do not retry the create
-    assert uid not in shared_node.lvs("vg1")
+    # Room again, and a reconcile of the object: the failed create is not retried.
+    node.lvm("lvremove", "-y", "vg1/filler")
+    await api.patch_merge(cluster_client, LV, name, {"metadata": {"annotations": {"x": "1"}}})
+    await asyncio.sleep(2)
+    assert uid not in node.lvs("vg1")
+    assert (await lv_object(cluster_client, name))["status"] == status
     await delete_and_wait(cluster_client, name)
 
 
@@ -244,6 +246,8 @@ async def test_pending_deletion_annotation_is_left_alone(
         name,
         {"metadata": {"annotations": {"topolvm.io/pendingdeletion": "true"}, "finalizers": []}},
     )
+    await asyncio.sleep(1.5)  # reconciles of the patched object leave it alone
+    assert (await lv_object(cluster_client, name))["metadata"].get("finalizers") is None
     await delete_and_wait(cluster_client, name)
     await asyncio.sleep(0.5)
     assert uid in shared_node.lvs("vg1")  # the node's cleanup path never removes LVs itself
@@ -268,7 +272,7 @@ async def test_metrics_describe_the_volume_group_and_thin_pool(shared_node: UmlN
         shared_node.lvm("vgs", "vg1", "--reportformat", "json", "--units", "b", "--nosuffix",
                         "-o", "vg_size,vg_free")
     )["report"][0]["vg"][0]  # fmt: skip
-    samples = await eventually_async(
+    samples = await eventually(
         "metrics", lambda: asyncio.to_thread(metrics, shared_node), timeout=30
     )
     assert samples["topolvm_volumegroup_size_bytes", "ssd"] == int(vgs["vg_size"])
@@ -289,7 +293,7 @@ async def test_legacy_group_and_names(
     obj = await lv_object(cluster_client, name, LEGACY)
     assert obj["metadata"]["finalizers"] == [LEGACY.lv_finalizer]
     assert await api.get(cluster_client, LV, name) is None  # nothing in the topolvm.io group
-    annos = await eventually_async(
+    annos = await eventually(
         "legacy annotations", lambda: node_annotations(cluster_client, node.name)
     )
     assert "capacity.topolvm.cybozu.com/00default" in annos
@@ -306,17 +310,34 @@ async def test_restart_mid_create_creates_each_lv_once(
     node.stop_topolvm_node(sig="SIGKILL")
     crashed, crashed_uid = await create_lv(cluster_client, node.name, GiB)
     node.lvm("lvcreate", "-n", crashed_uid, "-L", f"{GiB}b", "-W", "y", "-y", "vg1")
-    # And creates in flight when the process is killed.
+    # And creates in flight when the process is killed: kill it as soon as the first LV of a
+    # burst exists, so the others are queued or half done.
     node.start_topolvm_node(control_plane, [THICK, THIN])
-    inflight = [await create_lv(cluster_client, node.name, GiB // 4) for _ in range(3)]
-    await asyncio.sleep(0.3)
+    inflight = [await create_lv(cluster_client, node.name, GiB // 4) for _ in range(4)]
+    uids = {uid for _, uid in inflight}
+
+    def first_lv_made() -> bool:
+        return bool(uids & set(node.lvs("vg1")))
+
+    await eventually("the first LV of the burst", lambda: asyncio.to_thread(first_lv_made))
     node.stop_topolvm_node(sig="SIGKILL")
     node.start_topolvm_node(control_plane, [THICK, THIN])
     assert (await wait_status(cluster_client, crashed))["volumeID"] == crashed_uid
+    statuses = {name: await wait_status(cluster_client, name) for name, _ in inflight}
     for name, uid in inflight:
-        assert (await wait_status(cluster_client, name))["volumeID"] == uid
+        assert statuses[name]["volumeID"] == uid
     lvs = set(node.lvs("vg1")) - {"pool0"}
-    assert lvs == {crashed_uid, *(uid for _, uid in inflight)}
+    assert lvs == {crashed_uid, *uids}
+    # A restart of a node with nothing left to do changes nothing.
+    node.stop_topolvm_node()
+    node.start_topolvm_node(control_plane, [THICK, THIN])
+    await eventually(
+        "capacity annotations again", lambda: node_annotations(cluster_client, node.name)
+    )
+    await asyncio.sleep(2)
+    assert set(node.lvs("vg1")) - {"pool0"} == lvs
+    for name, _ in inflight:
+        assert (await lv_object(cluster_client, name))["status"] == statuses[name]
 
 
 async def test_capacity_annotations_follow_lvm_and_node_finalizer(
@@ -334,7 +355,10 @@ async def test_capacity_annotations_follow_lvm_and_node_finalizer(
     assert annos["capacity.topolvm.io/00default"] == annos["capacity.topolvm.io/ssd"]
     assert int(annos["capacity.topolvm.io/thin"]) == 10 * GiB  # 2 GiB pool x 5
     obj = await api.get(cluster_client, Node, node.name)
-    assert obj is not None and NORMAL.node_finalizer in obj["metadata"]["finalizers"]
+    assert obj is not None and obj["metadata"]["finalizers"] == [NORMAL.node_finalizer]
+    samples = await asyncio.to_thread(metrics, node)
+    assert samples["topolvm_volumegroup_available_bytes", "ssd"] == vg_free - spare
+    assert samples["topolvm_thinpool_overprovisioned_available", "thin"] == 10 * GiB
 
     # An LV made behind topolvm-node's back shows up in the annotation (lvmd's Watch).
     node.lvm("lvcreate", "-n", "outside", "-L", f"{GiB}b", "-W", "y", "-y", "vg1")
@@ -346,7 +370,9 @@ async def test_capacity_annotations_follow_lvm_and_node_finalizer(
             == before - GiB
         )
 
-    await eventually_async("annotation after an LV made outside", lowered, timeout=90)
+    await eventually("annotation after an LV made outside", lowered, timeout=90)
+    samples = await asyncio.to_thread(metrics, node)
+    assert samples["topolvm_volumegroup_available_bytes", "ssd"] == vg_free - spare - GiB
 
     # Deleting the Node: the finalizer holds it, and topolvm-node stops exporting.
     await cluster_client.delete(Node, node.name)
@@ -356,7 +382,7 @@ async def test_capacity_annotations_follow_lvm_and_node_finalizer(
     # The next change lvmd reports makes the exporter stop; LogicalVolumes still reconcile.
     name, _ = await create_lv(cluster_client, node.name, GiB)
     await wait_status(cluster_client, name)
-    await eventually_async(
+    await eventually(
         "the exporter to stop",
-        lambda: asyncio.to_thread(lambda: "no more capacity updates" in node.node_log()),
+        lambda: asyncio.to_thread(lambda: "no more capacity updates" in node.node_log(lines=0)),
     )

@@ -12,12 +12,11 @@ from pathlib import Path
 import grpc
 import pytest
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import Node
 
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.umlnode import UmlNode
-from tests.cluster_fixtures import UmlNodes, unique
-from tests.helpers import eventually_async
+from tests.cluster_fixtures import UmlNodes, node_annotations, unique
+from tests.helpers import eventually
 from tests.lvm_fixtures import THICK
 from topolvm.constants import NORMAL
 from topolvm.k8s import api
@@ -56,7 +55,7 @@ async def test_embedded_lvmd_lv_publish_metrics_and_clean_exit(
     control_plane.apply(CSI_DRIVER)  # Probe checks that the CSIDriver object exists
     (node,) = uml_nodes(1, vg_gib=[4])
     node.start_topolvm_node(control_plane, [THICK])
-    assert await eventually_async("Probe ready", lambda: probe(node), details=node.node_log)
+    assert await eventually("Probe ready", lambda: probe(node), details=node.node_log)
     name = unique("pvc-e2e")
     await cluster_client.create(
         LV.from_dict(
@@ -73,7 +72,7 @@ async def test_embedded_lvmd_lv_publish_metrics_and_clean_exit(
         obj = await api.get(cluster_client, LV, name)
         return (obj or {}).get("status")
 
-    st = await eventually_async("status", status)
+    st = await eventually("status", status)
     uid = st["volumeID"]
     assert st == {"volumeID": uid, "currentSize": "512Mi"}
     target = str(tmp_path / "pod" / "vol")
@@ -101,7 +100,7 @@ async def test_embedded_lvmd_lv_publish_metrics_and_clean_exit(
     async def gone() -> bool:
         return await api.get(cluster_client, LV, name) is None
 
-    await eventually_async("object gone", gone)
+    await eventually("object gone", gone)
     assert uid not in node.lvs("vg1")
     result = node.signal("topolvm-node", "SIGTERM", wait=60)
     assert result == {"running": False, "rc": 0}, node.node_log()
@@ -116,15 +115,15 @@ async def test_socket_mode_with_a_separate_lvmd(
     socket = node.start_lvmd([THICK])
     node.start_topolvm_node(control_plane, [], lvmd_socket=socket)
 
-    async def annotations() -> dict[str, str]:
-        obj = await api.get(cluster_client, Node, node.name)
-        return dict(((obj or {}).get("metadata") or {}).get("annotations") or {})
-
-    annos = await eventually_async("capacity annotations", annotations, details=node.node_log)
+    annos = await eventually(
+        "capacity annotations",
+        lambda: node_annotations(cluster_client, node.name),
+        details=node.node_log,
+    )
     assert int(annos["capacity.topolvm.io/ssd"]) > 2 * GiB  # 4 GiB VG - 1 GiB spare
-    assert await eventually_async("Probe ready (lvmd health + CSIDriver)", lambda: probe(node))
-    node.stop_topolvm_node()
-    assert node.signal("lvmd", "SIGTERM", wait=30)["rc"] == 0
+    assert await eventually("Probe ready (lvmd health + CSIDriver)", lambda: probe(node))
+    assert node.signal("topolvm-node", "SIGTERM", wait=60) == {"running": False, "rc": 0}
+    assert node.signal("lvmd", "SIGTERM", wait=30) == {"running": False, "rc": 0}
 
 
 async def test_refuses_to_start_without_its_node_object(

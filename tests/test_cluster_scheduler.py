@@ -7,15 +7,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import aiohttp
 import pytest
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import Pod
 
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.process import Child
-from tests.cluster_fixtures import GROUP_LABEL, unique
-from tests.helpers import eventually_async
-from topolvm.k8s import api
+from tests.cluster_fixtures import EXTENDER_PORTS, GROUP_LABEL, pod_node, unique
+from tests.helpers import eventually
 
 pytestmark = pytest.mark.cluster
 GiB = 1 << 30
@@ -55,10 +54,25 @@ def capacity_pod(name: str, group: str, profile: str, request: int) -> dict[str,
     }
 
 
-async def node_of(client: AsyncClient, pod: str) -> str | None:
-    obj = await api.get(client, Pod, pod, namespace="default")
-    node = (obj or {}).get("spec", {}).get("nodeName")
-    return str(node) if node else None
+async def predicate(profile: str, pod: dict[str, Any], nodes: list[str]) -> dict[str, Any]:
+    """Ask the extender behind ``profile`` directly, with node names as kube-scheduler sends
+    them in nodeCacheCapable mode."""
+    url = f"http://127.0.0.1:{EXTENDER_PORTS[profile]}/predicate"
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(url, json={"Pod": pod, "NodeNames": nodes}) as r,
+    ):
+        reply: dict[str, Any] = await r.json()
+        return reply
+
+
+async def cache_agrees(pod: dict[str, Any], nodes: list[str], fits: set[str]) -> bool:
+    """True once the node-cache extender's Node watch shows the annotations the test wrote:
+    exactly ``fits`` pass and the others fail for lack of space (not "unknown capacity")."""
+    reply = await predicate("topolvm-nodecache", pod, nodes)
+    failed = reply.get("FailedNodes") or {}
+    known = all(reason.startswith("out of VG free space") for reason in failed.values())
+    return known and set(reply.get("NodeNames") or []) == fits
 
 
 def failed_scheduling(cp: ControlPlane, pod: str) -> list[str]:
@@ -90,9 +104,14 @@ async def test_pods_land_by_capacity_and_oversized_pods_get_the_extenders_reason
     )
     fits, huge = unique("fits"), unique("huge")
     try:
+        if profile == "topolvm-nodecache":  # kube-scheduler won't retry on annotation changes
+            probe = capacity_pod("probe", group, profile, 8 * GiB)
+            await eventually(
+                "the node cache", lambda: cache_agrees(probe, nodes, {nodes[1], nodes[2]})
+            )
         control_plane.apply(capacity_pod(fits, group, profile, 8 * GiB))
-        landed = await eventually_async(
-            f"{fits} scheduled", lambda: node_of(cluster_client, fits),
+        landed = await eventually(
+            f"{fits} scheduled", lambda: pod_node(cluster_client, fits),
             details=lambda: extenders[profile].log.read_text()[-2000:],
         )  # fmt: skip
         assert landed == nodes[1]  # filter drops small, prioritize prefers the most free space
@@ -102,36 +121,68 @@ async def test_pods_land_by_capacity_and_oversized_pods_get_the_extenders_reason
         async def refused() -> list[str]:
             return failed_scheduling(control_plane, huge)
 
-        messages = await eventually_async(f"FailedScheduling for {huge}", refused)
+        messages = await eventually(f"FailedScheduling for {huge}", refused)
         text = messages[0]
         assert "0/" in text and "nodes are available" in text
         assert "out of VG free space for device-class ssd" in text, text
-        assert await node_of(cluster_client, huge) is None
+        assert await pod_node(cluster_client, huge) is None
     finally:
         delete_pods(control_plane, fits, huge)
         control_plane.kubectl("delete", "node,csinode", *nodes, "--ignore-not-found", check=False)
 
 
-async def test_node_cache_extender_follows_annotation_changes(
+async def test_node_cache_extender_follows_annotation_changes_and_deletions(
     control_plane: ControlPlane, extenders: dict[str, Child], cluster_client: AsyncClient
 ) -> None:
-    """The nodeCacheCapable extender gets node names only; its Node watch on the real API
-    server must see an annotation change before the next pod is placed."""
+    """The nodeCacheCapable extender gets node names only: its Node watch on the real API server
+    must follow annotation changes and deletions, and never take an unknown node for empty."""
     group = unique("watch")
     first, second = simulated_nodes(control_plane, group, {"a": 30 * GiB, "b": 10 * GiB})
-    pod = unique("after-change")
+    pods = [unique("before-change"), unique("after-change")]
+    want = capacity_pod(pods[0], group, "topolvm-nodecache", 5 * GiB)
     try:
+        await eventually(
+            "the node cache", lambda: cache_agrees(want, [first, second], {first, second})
+        )
+        control_plane.apply(want)
+        assert (
+            await eventually("first pod placed", lambda: pod_node(cluster_client, pods[0])) == first
+        )
+
         control_plane.kubectl(
             "annotate", "node", first, f"capacity.topolvm.io/ssd={2 * GiB}", "--overwrite"
         )
         control_plane.kubectl(
             "annotate", "node", second, f"capacity.topolvm.io/ssd={50 * GiB}", "--overwrite"
         )
-        control_plane.apply(capacity_pod(pod, group, "topolvm-nodecache", 5 * GiB))
-        landed = await eventually_async(f"{pod} scheduled", lambda: node_of(cluster_client, pod))
-        assert landed == second
+        await eventually(
+            "the changed annotations", lambda: cache_agrees(want, [first, second], {second})
+        )
+        control_plane.apply(capacity_pod(pods[1], group, "topolvm-nodecache", 5 * GiB))
+        assert (
+            await eventually("second pod placed", lambda: pod_node(cluster_client, pods[1]))
+            == second
+        )
+
+        control_plane.kubectl("delete", "node", first)
+        never_seen = unique("never-seen")
+
+        async def unknown() -> dict[str, str] | None:
+            failed = (await predicate("topolvm-nodecache", want, [first, never_seen])).get(
+                "FailedNodes"
+            ) or {}
+            return (
+                failed
+                if "not in the scheduler extender's node cache" in failed.get(first, "")
+                else None
+            )
+
+        failed = await eventually("the deleted node to be unknown", unknown)
+        for name in (first, never_seen):
+            assert failed[name].startswith("unknown capacity for device-class ssd"), failed[name]
+            assert f"node {name} is not in the scheduler extender's node cache" in failed[name]
     finally:
-        delete_pods(control_plane, pod)
+        delete_pods(control_plane, *pods)
         control_plane.kubectl(
             "delete", "node,csinode", first, second, "--ignore-not-found", check=False
         )

@@ -18,6 +18,7 @@ import contextlib
 import functools
 import os
 import signal
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -87,13 +88,28 @@ class Agent:
         proc = self.daemons.get(name)
         log = LOG_DIR / f"{name}.log"
         text = log.read_text(errors="replace") if log.exists() else ""
+        lines = int(request.query.get("lines", "60"))  # 0: the whole log
         return web.json_response(
             {
                 "running": proc is not None and proc.returncode is None,
                 "rc": None if proc is None else proc.returncode,
-                "log": "\n".join(text.splitlines()[-60:]),
+                "log": "\n".join(text.splitlines()[-lines:] if lines else text.splitlines()),
             }
         )
+
+
+@web.middleware
+async def json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Every failure reaches the host as JSON with the reason (a missing binary, a bad signal)."""
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except web.HTTPException:
+        raise
+    except Exception as exc:
+        return web.json_response({"error": f"{type(exc).__name__}: {exc}"}, status=500)
 
 
 async def _bridge(
@@ -121,7 +137,7 @@ async def _bridge(
 
 async def serve(listen: str, port: int, bridges: list[tuple[int, str]]) -> None:
     agent = Agent()
-    app = web.Application()
+    app = web.Application(middlewares=[json_errors])
     app.router.add_post("/exec", agent.exec)
     app.router.add_post("/spawn", agent.spawn)
     app.router.add_post("/signal", agent.signal)

@@ -14,6 +14,7 @@ evict, or garbage-collect orphaned mounts. docs/testing.md says the same.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import PersistentVolume, PersistentVolumeClaim, Pod
 
 from topolvm.k8s import api
+from topolvm.k8s.logicalvolume import parse_quantity
 from topolvm.proto import csi_pb2 as csi
 from topolvm.proto import csi_pb2_grpc as csi_grpc
 
@@ -46,15 +48,25 @@ class Published:
     block: bool
 
 
+MakeDir = Callable[[str, str], Awaitable[None]]
+"""``mkdir(node, path)``: create ``path`` (and its parents) on that node."""
+
+
 class KubeletStandIn:
     """``csi_targets`` maps node names to ``host:port`` of that node's CSI socket bridge;
-    ``root`` stands for /var/lib/kubelet."""
+    ``mkdir`` makes folders on a node (the CO creates the target's parent, as the CSI spec
+    requires of it); ``root`` stands for /var/lib/kubelet."""
 
     def __init__(
-        self, client: AsyncClient, csi_targets: dict[str, str], root: str = KUBELET
+        self,
+        client: AsyncClient,
+        csi_targets: dict[str, str],
+        mkdir: MakeDir,
+        root: str = KUBELET,
     ) -> None:
         self.client = client
         self.csi_targets = csi_targets
+        self.mkdir = mkdir
         self.root = root
         self._channels: dict[str, grpc.aio.Channel] = {}
 
@@ -77,12 +89,9 @@ class KubeletStandIn:
         ns = pod["metadata"]["namespace"]
         found = []
         for vol in pod["spec"].get("volumes", []):
-            if "persistentVolumeClaim" in vol:
-                claim = vol["persistentVolumeClaim"]["claimName"]
-            elif "ephemeral" in vol:
-                claim = f"{pod['metadata']['name']}-{vol['name']}"
-            else:
-                continue
+            if "persistentVolumeClaim" not in vol:
+                continue  # (generic ephemeral volumes come with the controller's tests)
+            claim = vol["persistentVolumeClaim"]["claimName"]
             pvc = await api.get(self.client, PersistentVolumeClaim, claim, namespace=ns)
             if pvc is None or not pvc["spec"].get("volumeName"):
                 raise AssertionError(f"kubelet stand-in: PVC {ns}/{claim} is not bound")
@@ -105,6 +114,7 @@ class KubeletStandIn:
             source = pv["spec"]["csi"]
             block = pv["spec"].get("volumeMode") == "Block"
             target = self._target(uid, pv["metadata"]["name"], block)
+            await self.mkdir(node, target.rsplit("/", 1)[0])
             cap = csi.VolumeCapability(access_mode=Mode(mode=Mode.SINGLE_NODE_WRITER))
             if block:
                 cap.block.SetInParent()
@@ -172,9 +182,9 @@ class KubeletStandIn:
                 timeout=60,
             )
 
-    async def expand_pvc(self, pod: str, claim: str, namespace: str = "default") -> int:
+    async def expand_pvc(self, pod: str, claim: str, namespace: str = "default") -> None:
         """NodeExpandVolume for ``claim`` as mounted in ``pod``; then the PVC status update.
-        Returns the capacity in bytes the node reported."""
+        (The response's capacity_bytes is optional in CSI; the kubelet does not rely on it.)"""
         pod_obj = await api.get(self.client, Pod, pod, namespace=namespace)
         pvc = await api.get(self.client, PersistentVolumeClaim, claim, namespace=namespace)
         assert pod_obj is not None and pvc is not None
@@ -184,11 +194,11 @@ class KubeletStandIn:
         pv_name = pv["metadata"]["name"]
         block = pv["spec"].get("volumeMode") == "Block"
         size = pv["spec"]["capacity"]["storage"]
-        res = await self.node_stub(pod_obj["spec"]["nodeName"]).NodeExpandVolume(
+        await self.node_stub(pod_obj["spec"]["nodeName"]).NodeExpandVolume(
             csi.NodeExpandVolumeRequest(
                 volume_id=pv["spec"]["csi"]["volumeHandle"],
                 volume_path=self._target(uid, pv_name, block),
-                capacity_range=csi.CapacityRange(required_bytes=_bytes(size)),
+                capacity_range=csi.CapacityRange(required_bytes=parse_quantity(size)),
             ),
             timeout=120,
         )
@@ -210,22 +220,3 @@ class KubeletStandIn:
             },
             namespace=namespace,
         )
-        return int(res.capacity_bytes)
-
-
-_SUFFIX = {
-    "Ki": 1 << 10,
-    "Mi": 1 << 20,
-    "Gi": 1 << 30,
-    "Ti": 1 << 40,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-}
-
-
-def _bytes(quantity: str) -> int:
-    for suffix, factor in _SUFFIX.items():
-        if quantity.endswith(suffix):
-            return int(float(quantity[: -len(suffix)]) * factor)
-    return int(quantity)

@@ -14,6 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 CLONE_NEWNET = 0x40000000
+PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def die_with_parent() -> None:
+    """``preexec_fn``: the kernel SIGKILLs the child when the process that started it dies, so a
+    killed pytest (or ``devtools.cluster serve``) leaves no component running."""
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class HarnessError(RuntimeError):
@@ -48,6 +56,7 @@ class Child:
                 stderr=subprocess.STDOUT,
                 env=self.env,
                 start_new_session=True,  # signals to the process group reach its children
+                preexec_fn=die_with_parent,  # noqa: PLW1509 (one prctl call, no locks)
             )
         return self
 
@@ -78,33 +87,40 @@ class Child:
 
     def stop(self, grace: float = 10) -> None:
         """SIGTERM the process group, SIGKILL after ``grace`` seconds; always reaps."""
-        proc = self.proc
-        if proc is None:
-            return
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-            if proc.poll() is not None:
-                break
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(wait)
-            except subprocess.TimeoutExpired:
-                continue
-        # The group may hold children that outlived the leader.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        self.proc = None
+        if self.proc is not None:
+            stop_group(self.proc, grace)
+            self.proc = None
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL what is left of a process group (children that outlived the leader)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def stop_group(proc: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM ``proc``'s process group, SIGKILL after ``grace`` seconds; reaps ``proc``."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        if proc.poll() is not None:
+            break
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            continue
+    kill_group(proc.pid)
+    proc.wait()
 
 
 def enter_private_netns() -> None:
     """Move this process (call it while it has one thread) into a new network namespace with
-    only loopback up. The namespace dies with the process: nothing can leak, and every packet
-    a test sends, to 127.0.0.1 or to a UML guest's TAP link, stays inside it."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWNET) != 0:
+    only loopback up. The namespace lives as long as a process in it: every child is started
+    with :func:`die_with_parent`, so it dies with pytest, even a killed one. Every packet a test
+    sends, to 127.0.0.1 or to a UML guest's TAP link, stays inside it."""
+    if _libc.unshare(CLONE_NEWNET) != 0:
         err = ctypes.get_errno()
         raise HarnessError(f"unshare(CLONE_NEWNET) failed: {os.strerror(err)} (run as root)")
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)

@@ -50,6 +50,7 @@ class UmlNode:
     workdir: Path
     disks: tuple[int, ...] = (16 * GiB, 16 * GiB)
     mem_mb: int = 768
+    labels: dict[str, str] = field(default_factory=dict)  # extra Node labels
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
@@ -76,15 +77,15 @@ class UmlNode:
     def start(self, timeout: float = 120) -> UmlNode:
         self.workdir.mkdir(parents=True, exist_ok=True)
         host = host_address(self.index)
-        _ip("tuntap", "add", "dev", self.tap, "mode", "tap")
-        self._stack.callback(_ip, "link", "del", self.tap, check=False)
-        _ip("addr", "add", f"{host}/24", "dev", self.tap)
-        _ip("link", "set", self.tap, "up")
         agent = [
             sys.executable, "-m", "devtools.testbed.agent", f"--listen={self.address}",
             f"--port={AGENT_PORT}", f"--bridge={CSI_PORT}:{CSI_SOCKET}",
         ]  # fmt: skip
         try:
+            _ip("tuntap", "add", "dev", self.tap, "mode", "tap")
+            self._stack.callback(_ip, "link", "del", self.tap, check=False)
+            _ip("addr", "add", f"{host}/24", "dev", self.tap)
+            _ip("link", "set", self.tap, "up")
             self._proc = self._stack.enter_context(
                 uml.running(
                     agent,
@@ -127,6 +128,8 @@ class UmlNode:
         return f"http://{self.address}:{AGENT_PORT}{path}"
 
     def _call(self, path: str, body: dict[str, Any] | None = None, timeout: float = 180) -> Any:
+        """A call to the guest agent; any error (from the agent or the link) raises
+        :class:`HarnessError` with the agent's reason."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(
             self._url(path), data=data, headers={"Content-Type": "application/json"}
@@ -135,7 +138,14 @@ class UmlNode:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 return json.loads(r.read())
         except urllib.error.HTTPError as exc:
-            return json.loads(exc.read())
+            raw = exc.read().decode(errors="replace")
+            try:
+                reason = json.loads(raw).get("error", raw)
+            except ValueError:
+                reason = raw
+            raise HarnessError(f"{self.name}: agent {path}: HTTP {exc.code}: {reason}") from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise HarnessError(f"{self.name}: agent {path} unreachable: {exc}") from exc
 
     # --- commands and daemons -----------------------------------------------------------
 
@@ -149,16 +159,15 @@ class UmlNode:
         return await asyncio.to_thread(self.exec, *argv, check=check, timeout=timeout)
 
     def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
-        res = self._call("/spawn", {"name": name, "argv": argv, "env": env or {}})
-        if "error" in res:
-            raise HarnessError(f"{self.name}: spawn {name}: {res['error']}")
+        self._call("/spawn", {"name": name, "argv": argv, "env": env or {}})
 
     def signal(self, name: str, sig: str = "SIGTERM", wait: float = 30) -> dict[str, Any]:
         res: dict[str, Any] = self._call("/signal", {"name": name, "signal": sig, "wait": wait})
         return res
 
-    def daemon(self, name: str) -> dict[str, Any]:
-        res: dict[str, Any] = self._call(f"/daemon/{name}")
+    def daemon(self, name: str, lines: int = 60) -> dict[str, Any]:
+        """{"running", "rc", "log"}: the daemon's state and its last ``lines`` (0: all)."""
+        res: dict[str, Any] = self._call(f"/daemon/{name}?lines={lines}")
         return res
 
     def http_get(self, port: int, path: str) -> str:
@@ -253,8 +262,8 @@ class UmlNode:
         if res.get("running"):
             self.signal(name, "SIGKILL", wait=10)
 
-    def node_log(self, name: str = "topolvm-node") -> str:
-        return str(self.daemon(name).get("log", ""))
+    def node_log(self, name: str = "topolvm-node", lines: int = 60) -> str:
+        return str(self.daemon(name, lines).get("log", ""))
 
 
 def _ip(*args: str, check: bool = True) -> None:
