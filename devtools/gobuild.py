@@ -145,9 +145,14 @@ def cache_dir(group: Group) -> Path:
     return CACHE / f"{group.name}-{h.hexdigest()[:12]}"
 
 
+def say(line: str) -> None:
+    """Progress goes to stderr: stdout carries only the binaries' paths."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def _run_with_progress(argv: list[str], cwd: Path, label: str, cold_minutes: int) -> None:
     """Run ``go build -v``; print a line every 15 s with the packages compiled so far."""
-    print(f"gobuild: {label}: cold build, expect about {cold_minutes} min on 2 cores", flush=True)
+    say(f"gobuild: {label}: cold build, expect about {cold_minutes} min on 2 cores")
     start = time.monotonic()
     proc = subprocess.Popen(
         argv, cwd=cwd, env=go_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -157,9 +162,8 @@ def _run_with_progress(argv: list[str], cwd: Path, label: str, cold_minutes: int
 
     def ticker() -> None:
         while not done.wait(15):
-            print(
-                f"gobuild: {label}: {len(lines)} packages, {time.monotonic() - start:.0f}s",
-                flush=True,
+            say(
+                f"gobuild: {label}: {len(lines)} packages compiled, {time.monotonic() - start:.0f}s"
             )
 
     t = threading.Thread(target=ticker, daemon=True)
@@ -178,7 +182,7 @@ def _run_with_progress(argv: list[str], cwd: Path, label: str, cold_minutes: int
     if rc != 0:
         tail = "\n".join(lines[-30:])
         raise BuildError(f"{label}: `{' '.join(argv)}` exited {rc} in {cwd}:\n{tail}")
-    print(f"gobuild: {label}: built in {time.monotonic() - start:.0f}s", flush=True)
+    say(f"gobuild: {label}: built in {time.monotonic() - start:.0f}s")
 
 
 def build(group: Group) -> Path:

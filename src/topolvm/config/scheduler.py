@@ -20,6 +20,7 @@ from pydantic import (
     field_validator,
 )
 
+from topolvm.cliargs import parse_listen
 from topolvm.config.errors import ConfigError, describe
 
 DEFAULT_LISTEN = ":8000"
@@ -31,14 +32,6 @@ def _positive(v: float, what: str) -> float:
     if not math.isfinite(v) or v <= 0:
         raise ValueError(f"{what} must be a finite number > 0")
     return float(v)
-
-
-def parse_listen(value: str) -> tuple[str, int]:
-    """``[host]:port`` → (host, port); an empty host means every interface."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isascii() or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"expected [host]:port, got {value!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 class SchedulerConfig(BaseModel):

@@ -9,34 +9,16 @@ import logging
 import grpc
 import prometheus_client
 
+from topolvm.cliargs import bind_address, positive_seconds
 from topolvm.config.errors import ConfigError
 from topolvm.config.lvmd import LvmdConfig, load_lvmd_config
 from topolvm.lvm.command import DEFAULT_PREFIX
 from topolvm.lvm.errors import LvmError
 from topolvm.lvmd.server import Options, StartupError, health_check, serve
+from topolvm.metrics import MetricsServerError, start_metrics_server
 
 log = logging.getLogger("topolvm.lvmd")
 DEFAULT_CONFIG = "/etc/topolvm/lvmd.yaml"
-
-
-def positive_seconds(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
-    if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {value!r}")
-    return seconds
-
-
-def bind_address(value: str) -> tuple[str, int] | None:
-    """Parse ``[host]:port``; "0" or "" disables the listener."""
-    if value in ("", "0"):
-        return None
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise argparse.ArgumentTypeError(f"expected [host]:port, got {value!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -86,19 +68,29 @@ def load(args: argparse.Namespace) -> LvmdConfig:
 def run(args: argparse.Namespace) -> int:
     config = load(args)
     options = Options(refresh_interval=args.refresh_interval, command_timeout=args.command_timeout)
-    if args.metrics_bind_address is not None:
-        host, port = args.metrics_bind_address
-        try:
-            prometheus_client.start_http_server(port, addr=host)
-        except OSError as e:
-            log.error(f"cannot serve metrics on {host}:{port}: {e.strerror}")
-            return 1
     try:
-        asyncio.run(serve(config, options))
+        asyncio.run(_serve(config, options, args.metrics_bind_address))
+    except MetricsServerError as e:
+        log.error(str(e))
+        return 1
     except (StartupError, LvmError) as e:
         log.error(f"lvmd cannot start: {e}")
         return 1
     return 0
+
+
+async def _serve(
+    config: LvmdConfig, options: Options, metrics_address: tuple[str, int] | None
+) -> None:
+    """lvmd, with its process metrics on ``metrics_address`` (as upstream) unless disabled."""
+    runner = None
+    if metrics_address is not None:
+        runner = await start_metrics_server(prometheus_client.REGISTRY, *metrics_address)
+    try:
+        await serve(config, options)
+    finally:
+        if runner is not None:
+            await runner.cleanup()
 
 
 def run_health(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ from topolvm.constants import Names
 from topolvm.k8s import api
 from topolvm.k8s.runtime import Controller, Informer
 from topolvm.lvmd.server import Options
-from topolvm.metrics import metrics_response
+from topolvm.metrics import MetricsServerError, start_metrics_server
 from topolvm.node.csi_node import NodeService
 from topolvm.node.csi_server import start_csi_server, stop_csi_server
 from topolvm.node.exporter import CapacityExporter, NodeMetrics
@@ -74,15 +74,6 @@ class InformerVolumeLookup:
             items, _ = await api.list_all(self.client, self.resource)
             found = self._match(items, volume_id)
         return found
-
-
-def metrics_app(registry: CollectorRegistry) -> web.Application:
-    async def handler(_: web.Request) -> web.Response:
-        return metrics_response(registry)
-
-    app = web.Application()
-    app.router.add_get("/metrics", handler)
-    return app
 
 
 class TopolvmNode:
@@ -154,15 +145,12 @@ class TopolvmNode:
             self.options.csi_socket, self.identity, self.node_service
         )
         if self.options.metrics_address is not None:
-            host, port = self.options.metrics_address
-            runner = web.AppRunner(metrics_app(self.registry), access_log=None)
-            await runner.setup()
             try:
-                await web.TCPSite(runner, host, port).start()
-            except OSError as e:
-                await runner.cleanup()
-                raise StartupError(f"cannot serve metrics on {host}:{port}: {e.strerror}") from e
-            self._metrics_runner = runner
+                self._metrics_runner = await start_metrics_server(
+                    self.registry, *self.options.metrics_address
+                )
+            except MetricsServerError as e:
+                raise StartupError(str(e)) from e
         log.info(
             "topolvm-node started",
             extra={

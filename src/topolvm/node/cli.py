@@ -8,6 +8,7 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
+from topolvm.cliargs import bind_address, positive_seconds
 from topolvm.config.errors import ConfigError
 from topolvm.constants import DEFAULT_CSI_SOCKET, DEFAULT_LVMD_SOCKET, legacy_from_env, names
 from topolvm.k8s.api import KubeError, make_client
@@ -35,7 +36,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--lvmd-socket", default=DEFAULT_LVMD_SOCKET, help="UNIX socket of lvmd")
     p.add_argument(
         "--metrics-bind-address",
-        type=lvmd_cli.bind_address,
+        type=bind_address,
         default=":8080",
         help="host:port serving Prometheus /metrics; '0' or '' disables",
     )
@@ -63,7 +64,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument(
         "--resync-interval",
-        type=lvmd_cli.positive_seconds,
+        type=positive_seconds,
         default=600.0,
         help="seconds between full re-lists of LogicalVolumes (default 600)",
     )

@@ -10,8 +10,9 @@ import logging
 import prometheus_client
 from aiohttp import web
 
+from topolvm.cliargs import parse_listen
 from topolvm.config.errors import ConfigError
-from topolvm.config.scheduler import SchedulerConfig, load_scheduler_config, parse_listen
+from topolvm.config.scheduler import SchedulerConfig, load_scheduler_config
 from topolvm.constants import names
 from topolvm.k8s.api import KubeError, make_client
 from topolvm.scheduler import wiring
