@@ -67,14 +67,15 @@ ip addr add {address} dev eth0
 """
 
 
-FAST_PREFIX = "topolvm-uml-"
+FAST_PREFIX = "topolvm-uml-"  # disk images and memory file, in /dev/shm
+RUN_PREFIX = "run-"  # init script and LVM config, in .uml/
 
 
-def _sweep_stale(folder: Path) -> None:
-    """Remove disk images and memory files left by a process that was killed (its pid, in the
-    folder's name, is gone): a cleanup that a SIGKILL never let run."""
-    for entry in folder.glob(f"{FAST_PREFIX}*-*"):
-        pid = entry.name[len(FAST_PREFIX) :].split("-", 1)[0]
+def _sweep_stale(folder: Path, prefix: str) -> None:
+    """Remove the folders a killed process left (its pid, in the folder's name, is gone): the
+    cleanup that a SIGKILL never let run."""
+    for entry in folder.glob(f"{prefix}*-*"):
+        pid = entry.name[len(prefix) :].split("-", 1)[0]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
             shutil.rmtree(entry, ignore_errors=True)
 
@@ -144,9 +145,10 @@ def _prepared(
     shared_root = Path(workdir) if workdir else REPO / ".uml"
     shared_root.mkdir(parents=True, exist_ok=True)
     fast = "/dev/shm" if os.path.isdir("/dev/shm") else None  # memory + disk images (host side)
-    _sweep_stale(Path(fast or tempfile.gettempdir()))
+    _sweep_stale(Path(fast or tempfile.gettempdir()), FAST_PREFIX)
+    _sweep_stale(shared_root, RUN_PREFIX)
     with (
-        tempfile.TemporaryDirectory(prefix="run-", dir=shared_root) as tmp,
+        tempfile.TemporaryDirectory(prefix=f"{RUN_PREFIX}{os.getpid()}-", dir=shared_root) as tmp,
         tempfile.TemporaryDirectory(prefix=f"{FAST_PREFIX}{os.getpid()}-", dir=fast) as fast_tmp,
     ):
         base = Path(tmp)

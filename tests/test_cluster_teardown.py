@@ -95,7 +95,7 @@ def test_a_failing_test_leaves_no_process_disk_or_folder_behind(tmp_path: Path) 
 
 
 def test_a_killed_session_takes_its_components_along(tmp_path: Path) -> None:
-    shm_before = shm_entries()
+    shm_before, runs_before = shm_entries(), uml_run_dirs()
     proc, report = inner_session(tmp_path, "hang")
     deadline = time.monotonic() + 300
     while not report.exists():
@@ -110,7 +110,11 @@ def test_a_killed_session_takes_its_components_along(tmp_path: Path) -> None:
     while any(group_members(pid) for pid in seen["pids"]):  # PR_SET_PDEATHSIG
         assert time.monotonic() < deadline, [group_members(pid) for pid in seen["pids"]]
         time.sleep(0.2)
-    # Its UML disk images could not be removed by it; the next UML start sweeps them.
+    # Its UML disk images and init folder could not be removed by it; the next UML start
+    # sweeps them.
     left = shm_entries() - shm_before
-    uml._sweep_stale(Path("/dev/shm"))
+    left_runs = uml_run_dirs() - runs_before
+    uml._sweep_stale(Path("/dev/shm"), uml.FAST_PREFIX)
+    uml._sweep_stale(REPO / ".uml", uml.RUN_PREFIX)
     assert left and shm_entries() - shm_before == set()
+    assert left_runs and uml_run_dirs() - runs_before == set()
