@@ -18,7 +18,7 @@ deps: apt venv
 
 # The real Kubernetes components the tests run (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl, CSI sidecars, csi-sanity), built from the Go modules pinned in
-# devtools/gomod/ into .cache/gotools/. A warm run only checks; a cold one shows progress.
+# devtools/gomod/ into ~/.cache/topolvm/gotools/. A warm run only checks; a cold one shows progress.
 gotools: venv
 	@command -v go >/dev/null || test -x /usr/local/go/bin/go || { echo "Go 1.26 is needed to build the test bed (https://go.dev/doc/install)" >&2; exit 1; }
 	@PATH="$$PATH:/usr/local/go/bin" $(PY) -m devtools.gobuild >/dev/null

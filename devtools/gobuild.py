@@ -1,10 +1,11 @@
 """Build the real Kubernetes components the tests run, from pinned Go modules.
 
 Every version is pinned in ``devtools/gomod/<group>/go.mod`` (with its ``go.sum``); the table
-below names the binaries each group builds. Binaries land in ``.cache/gotools/<group>-<key>/``
-where ``key`` hashes the group's go.mod, go.sum, the build flags and the Go version, so a warm
-run never rebuilds and a changed pin builds into a new folder. Modules come from the Go module
-proxy only; GOMODCACHE and GOCACHE are Go's defaults, so they survive between runs.
+below names the binaries each group builds. Binaries land in
+``~/.cache/topolvm/gotools/<group>-<key>/`` (``$TOPOLVM_GOTOOLS_CACHE`` overrides it) where
+``key`` hashes the group's go.mod, go.sum, the build flags and the Go version, so no clone on the
+machine rebuilds what one has built, and a changed pin builds into a new folder. Modules come
+from the Go module proxy only; GOMODCACHE and GOCACHE are Go's defaults, so they survive too.
 
     python -m devtools.gobuild            # build whatever is missing, print the paths
     python -m devtools.gobuild --versions # the pinned versions, one per line
@@ -28,7 +29,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 GOMOD = ROOT / "devtools" / "gomod"
-CACHE = ROOT / ".cache" / "gotools"
+# Outside the work tree, so every clone on this machine (CI clones afresh) shares the binaries.
+CACHE = Path(
+    os.environ.get("TOPOLVM_GOTOOLS_CACHE")
+    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "topolvm" / "gotools"
+)
 
 _VERSION_PKG = "k8s.io/component-base/version"
 _CSI = "github.com/kubernetes-csi"
