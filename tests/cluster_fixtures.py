@@ -25,7 +25,7 @@ from lightkube.resources.core_v1 import Node, Pod
 from devtools import gobuild
 from devtools.testbed.controlplane import GUEST_SUBNETS, ControlPlane
 from devtools.testbed.kubelet import KubeletStandIn
-from devtools.testbed.process import Child
+from devtools.testbed.process import Child, http_get
 from devtools.testbed.umlnode import UmlNode
 from topolvm.k8s import api
 from topolvm.k8s.api import make_client
@@ -202,7 +202,8 @@ def extenders(
                 folder / f"{profile}.log",
             ).start()  # fmt: skip
             started[profile] = child
-            child.wait_until("serving /status", lambda p=port: _up(p))  # type: ignore[misc]
+            status = f"http://127.0.0.1:{port}/status"
+            child.wait_until("serving /status", lambda url=status: http_get(url) != b"")  # type: ignore[misc]
             stanza = subprocess.run(
                 [sys.executable, "-m", "topolvm", "scheduler", "print-config", "--extender-only",
                  f"--url=http://127.0.0.1:{port}", "--weight=100", *marker],
@@ -215,13 +216,6 @@ def extenders(
             control_plane.stop_scheduler(profile)
         for child in started.values():
             child.stop()
-
-
-def _up(port: int) -> bool:
-    import urllib.request
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=2) as r:
-        return bool(r.status == 200)
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from devtools.testbed.pki import Pki
-from devtools.testbed.process import Child, HarnessError
+from devtools.testbed.process import Child, HarnessError, http_get
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS = REPO / "deploy" / "crds"
@@ -126,7 +126,7 @@ class ControlPlane:
                 "--log-level=warn",
             ],
         )  # fmt: skip
-        etcd.wait_until("healthy", lambda: b'"true"' in _http_get(f"{url}/health"))
+        etcd.wait_until("healthy", lambda: b'"true"' in http_get(f"{url}/health"))
 
     def _start_apiserver(self) -> None:
         crt, key = self.serving
@@ -166,7 +166,7 @@ class ControlPlane:
                 f"--root-ca-file={self.pki.ca_file}",
             ],
         )  # fmt: skip
-        kcm.wait_until("healthy", lambda: _http_get("https://127.0.0.1:10257/healthz") == b"ok")
+        kcm.wait_until("healthy", lambda: http_get("https://127.0.0.1:10257/healthz") == b"ok")
 
     def start_scheduler(self, profile: str, extenders: list[dict[str, Any]] | None = None) -> Child:
         """A kube-scheduler process whose only profile is ``profile`` (the pods' schedulerName),
@@ -195,7 +195,7 @@ class ControlPlane:
                 f"--authorization-kubeconfig={self.kubeconfig}",
             ],
         )  # fmt: skip
-        sched.wait_until("healthy", lambda: _http_get(f"https://127.0.0.1:{port}/healthz") == b"ok")
+        sched.wait_until("healthy", lambda: http_get(f"https://127.0.0.1:{port}/healthz") == b"ok")
         return sched
 
     def stop_scheduler(self, profile: str) -> None:
@@ -318,17 +318,3 @@ class ControlPlane:
         lines = [f"kubeconfig: {self.kubeconfig}", f"server:     {self.server}"]
         lines += [f"log:        {c.log}  ({n})" for n, c in self.children.items()]
         return "\n".join(lines)
-
-
-def _http_get(url: str) -> bytes:
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE  # health endpoints of components with self-signed certs
-    try:
-        with urllib.request.urlopen(url, context=ctx, timeout=5) as r:
-            body: bytes = r.read()
-            return body
-    except urllib.error.HTTPError as exc:
-        return exc.read()
-    except (urllib.error.URLError, TimeoutError, ConnectionError):
-        return b""

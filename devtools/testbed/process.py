@@ -7,8 +7,11 @@ import contextlib
 import ctypes
 import os
 import signal
+import ssl
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,6 +116,22 @@ def stop_group(proc: subprocess.Popen[bytes], grace: float) -> None:
             continue
     kill_group(proc.pid)
     proc.wait()
+
+
+def http_get(url: str, timeout: float = 5) -> bytes:
+    """The body at ``url`` (also of an HTTP error), or b"" when nothing answers: for health
+    checks. Certificates are not checked (components with self-signed serving certificates)."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(url, context=ctx, timeout=timeout) as r:
+            body: bytes = r.read()
+            return body
+    except urllib.error.HTTPError as exc:
+        return exc.read()
+    except (urllib.error.URLError, TimeoutError, ConnectionError):
+        return b""
 
 
 def enter_private_netns() -> None:

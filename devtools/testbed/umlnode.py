@@ -24,7 +24,7 @@ import yaml
 
 from devtools import uml
 from devtools.testbed.controlplane import API_PORT, ControlPlane, guest_address, host_address
-from devtools.testbed.process import HarnessError, tail
+from devtools.testbed.process import HarnessError, http_get, tail
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT_PORT = 9000
@@ -118,11 +118,7 @@ class UmlNode:
         self._proc = None
 
     def _healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(self._url("/healthz"), timeout=2) as r:
-                return bool(r.read() == b"ok")
-        except (urllib.error.URLError, OSError):
-            return False
+        return http_get(self._url("/healthz"), timeout=2) == b"ok"
 
     def _url(self, path: str) -> str:
         return f"http://{self.address}:{AGENT_PORT}{path}"
