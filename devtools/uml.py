@@ -15,7 +15,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,6 +84,12 @@ def _sweep_stale(folder: Path, prefix: str) -> None:
 
 class UmlError(RuntimeError):
     """UML could not be booted or did not report an exit status."""
+
+    console: str = ""  # what the guest printed, when it got that far
+
+
+class UmlStalled(UmlError):
+    """The caller's ``stalled()`` said the guest stopped making progress; UML was killed."""
 
 
 @dataclass
@@ -152,7 +160,14 @@ def _prepared(
         tempfile.TemporaryDirectory(prefix=f"{FAST_PREFIX}{os.getpid()}-", dir=fast) as fast_tmp,
     ):
         base = Path(tmp)
+        # In a PID namespace of its own, UML is its init: when it dies, however, the kernel
+        # kills every process in it, the host processes that run the guest's programs too.
+        # --kill-child makes it die with `unshare`, which dies with its parent (die_with_parent).
         args = [
+            "unshare",
+            "--pid",
+            "--fork",
+            "--kill-child=SIGKILL",
             KERNEL,
             f"mem={mem_mb}M",
             "root=/dev/root",
@@ -212,8 +227,10 @@ def run(
     capture: bool = False,
     workdir: str | os.PathLike[str] | None = None,
     network: Network | None = None,
+    stalled: Callable[[], bool] | None = None,
 ) -> UmlResult:
     """Boot UML, run ``command`` as root inside it, power off; return its exit status.
+    ``stalled()`` is polled every second: when it says so, UML is killed (:class:`UmlStalled`).
 
     ``disks`` are sizes in bytes of fresh sparse files attached as /dev/ubdb, /dev/ubdc, ...
     The guest environment is ``env`` plus PATH, HOME, LANG, TOPOLVM_UML_DISKS.
@@ -222,19 +239,44 @@ def run(
         command, disks=disks, mem_mb=mem_mb, env=env, cwd=cwd, capture=capture,
         workdir=workdir, network=network,
     ) as boot:  # fmt: skip
+        proc = subprocess.Popen(
+            boot.args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if capture else None,
+            stderr=subprocess.STDOUT if capture else None,
+            env=boot.host_env,
+            start_new_session=True,
+            preexec_fn=die_with_parent,  # noqa: PLW1509 (one prctl call, no locks)
+        )
+        out = bytearray()
+        reader = None
+        if capture:
+            assert proc.stdout is not None
+            stream = proc.stdout
+            reader = threading.Thread(target=lambda: out.extend(stream.read()), daemon=True)
+            reader.start()
+        deadline = time.monotonic() + timeout
+        failure: UmlError | None = None
         try:
-            proc = subprocess.run(
-                boot.args,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE if capture else None,
-                stderr=subprocess.STDOUT if capture else None,
-                env=boot.host_env,
-                timeout=timeout,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as e:
-            raise UmlError(f"UML did not finish within {timeout}s") from e
-        console = (proc.stdout or b"").decode(errors="replace") if capture else ""
+            while proc.poll() is None:
+                if time.monotonic() > deadline:
+                    failure = UmlError(f"UML did not finish within {timeout}s")
+                    break
+                if stalled is not None and stalled():
+                    failure = UmlStalled("the guest made no progress; UML was killed")
+                    break
+                time.sleep(1)
+        finally:
+            stop_group(proc, grace=0)
+            if reader is not None:
+                reader.join(10)
+            if proc.stdout is not None:
+                proc.stdout.close()
+        if failure is not None:
+            output = boot.log_file.read_text(errors="replace") if boot.log_file.exists() else ""
+            failure.console = bytes(out).decode(errors="replace") + output
+            raise failure
+        console = bytes(out).decode(errors="replace")
         if boot.log_file.exists():
             console += boot.log_file.read_text(errors="replace")
         if not boot.rc_file.exists():
@@ -262,13 +304,9 @@ def running(
         command, disks=disks, mem_mb=mem_mb, env=env, cwd=cwd, capture=False,
         workdir=None, network=network,
     ) as boot:  # fmt: skip
-        # In a PID namespace of its own, UML is its init: when it dies, however, the kernel
-        # kills every process in it, the host processes that run the guest's programs too.
-        # --kill-child makes it die with `unshare`, which dies with us (die_with_parent).
-        argv = ["unshare", "--pid", "--fork", "--kill-child=SIGKILL", *boot.args]
         with console.open("ab") as out:
             proc = subprocess.Popen(
-                argv,
+                boot.args,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import gc
 import os
 import subprocess
@@ -71,13 +72,18 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def _hang_report() -> Iterator[None]:
     """If a test (with its teardown) runs for over 3 minutes, print every pending asyncio task's
     stack, so a hang inside UML says where it is instead of only timing out the whole run."""
-    timer = threading.Timer(180, _dump_tasks)
+    seconds = float(os.environ.get("TOPOLVM_HANG_SECONDS", "180"))
+    timer = threading.Timer(seconds, _dump_tasks)
     timer.daemon = True
     timer.start()
+    # A hang in C code that holds the GIL stops the timer too; faulthandler's watchdog is a C
+    # thread that still dumps every Python thread's stack.
+    faulthandler.dump_traceback_later(seconds + 5, file=sys.__stderr__ or sys.stderr)
     try:
         yield
     finally:
         timer.cancel()
+        faulthandler.cancel_dump_traceback_later()
 
 
 def _dump_tasks() -> None:
