@@ -7,9 +7,10 @@ import asyncio
 import grpc
 import pytest
 
+from topolvm.csi.status import StatusError
 from topolvm.node import condition as c
 from topolvm.node.condition import Condition, InvalidLvAttr, condition_from_attr
-from topolvm.node.csi_node import CsiError, VolumeLocks, mount_options
+from topolvm.node.csi_node import VolumeLocks, mount_options
 from topolvm.node.mounter import parse_mountinfo, unescape
 from topolvm.proto import csi_pb2 as csi
 
@@ -147,7 +148,7 @@ def test_mount_options_order() -> None:
         "rw",
         "nouuid",
     ]
-    with pytest.raises(CsiError) as e:
+    with pytest.raises(StatusError) as e:
         mount_options(True, csi.VolumeCapability.MountVolume(mount_flags=["rw"]), "ext4")
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
 

@@ -22,10 +22,10 @@ import pytest
 
 from tests.lvm_fixtures import VolumeGroups
 from topolvm.constants import LEGACY_DEVICE_DIR, Names, names
+from topolvm.csi.identity import IdentityService
+from topolvm.csi.server import start_unix_server, stop_unix_server
 from topolvm.node import mounter
 from topolvm.node.csi_node import NodeService
-from topolvm.node.csi_server import start_csi_server, stop_csi_server
-from topolvm.node.identity import IdentityService
 from topolvm.node.lvmd_client import SocketLvmd
 from topolvm.proto import csi_pb2 as csi
 from topolvm.proto import csi_pb2_grpc as csi_grpc
@@ -45,6 +45,16 @@ THIN = {
 NO_LVMD: Any = None  # services that never reach lvmd
 SNW = csi.VolumeCapability.AccessMode.SINGLE_NODE_WRITER
 Code = grpc.StatusCode
+
+
+async def start_csi_server(
+    sock: str, identity: csi_grpc.IdentityServicer, node: csi_grpc.NodeServicer
+) -> grpc.aio.Server:
+    def register(server: grpc.aio.Server) -> None:
+        csi_grpc.add_IdentityServicer_to_server(identity, server)
+        csi_grpc.add_NodeServicer_to_server(node, server)
+
+    return await start_unix_server(sock, register)
 
 
 class DictLookup:
@@ -212,7 +222,7 @@ async def env(vgs: VolumeGroups, lvmd_factory: Any, tmp_path: Path) -> AsyncIter
     finally:
         await e.channel.close(None)
         for srv, path in e.servers:
-            await stop_csi_server(srv, path, grace=1)
+            await stop_unix_server(srv, path, grace=1)
         await lvmd.close()
         unmount_all_under(tmp_path)
 
@@ -250,7 +260,7 @@ async def test_identity_plugin_info_and_capabilities(tmp_path: Path, legacy: boo
             assert dict(got.accessible_topology.segments) == {key: "n"}
             assert got.max_volumes_per_node == 0
     finally:
-        await stop_csi_server(server, sock, grace=1)
+        await stop_unix_server(server, sock, grace=1)
     assert not os.path.exists(sock)
 
 
@@ -298,7 +308,7 @@ async def test_probe_transitions(tmp_path: Path) -> None:
             assert len(calls) >= 2  # runs again every interval
             await fresh.stop()
     finally:
-        await stop_csi_server(server, sock, grace=1)
+        await stop_unix_server(server, sock, grace=1)
 
 
 async def test_probe_check_timeout() -> None:
@@ -703,7 +713,7 @@ async def test_restart_with_existing_mount(env: Env) -> None:
     Path(target, "keep").write_text("me")
     # The node plugin restarts: a new service instance on a new server, same socket path.
     await env.channel.close(None)
-    await stop_csi_server(env.server, env.socket, grace=1)
+    await stop_unix_server(env.server, env.socket, grace=1)
     env.servers.clear()
     _, _, server = await start_node(env.tmp, env.lvmd, env.volumes, env.socket)
     env.servers.append((server, env.socket))

@@ -13,13 +13,13 @@ from topolvm.constants import LEGACY, NORMAL, names
 from topolvm.k8s.crd import crd_files, logicalvolume_crd
 from topolvm.k8s.logicalvolume import (
     InvalidQuantity,
-    LogicalVolume,
+    LogicalVolumeObject,
     format_quantity,
     parse_quantity,
     status_dict,
 )
 from topolvm.k8s.runtime import Controller, Result, WorkQueue
-from topolvm.node.exporter import capacity_annotations
+from topolvm.node.exporter import node_annotations
 from topolvm.proto import lvmd_pb2 as pb
 
 REPO = Path(__file__).resolve().parent.parent
@@ -85,12 +85,12 @@ def test_logicalvolume_view_reads_upstream_fields() -> None:
         },
         "status": {"volumeID": "u-1", "code": 8, "message": "full", "currentSize": "1Gi"},
     }
-    lv = LogicalVolume.from_dict(obj)
+    lv = LogicalVolumeObject.from_dict(obj)
     assert (lv.name, lv.uid, lv.node_name, lv.size) == ("pvc-1", "u-1", "n1", 2 * GiB)
     assert (lv.device_class, lv.source, lv.access_type) == ("ssd", "pvc-0", "ro")
     assert (lv.volume_id, lv.code, lv.message, lv.current_size) == ("u-1", 8, "full", GiB)
     assert lv.deleting and lv.finalizers == ["topolvm.io/logicalvolume"]
-    empty = LogicalVolume.from_dict(
+    empty = LogicalVolumeObject.from_dict(
         {"metadata": {"name": "x"}, "spec": {"nodeName": "n", "size": 1}}
     )
     assert empty.current_size is None and empty.volume_id == "" and not empty.deleting
@@ -148,7 +148,7 @@ def test_capacity_annotations_thick_and_thin() -> None:
     msg.items.add(device_class="ssd", free_bytes=100, size_bytes=200)
     thin = msg.items.add(device_class="thin", free_bytes=50, size_bytes=200)
     thin.thin_pool.overprovision_bytes = 500
-    assert capacity_annotations(LEGACY, msg) == {
+    assert node_annotations(LEGACY, msg) == {
         "capacity.topolvm.cybozu.com/00default": "100",
         "capacity.topolvm.cybozu.com/ssd": "100",
         "capacity.topolvm.cybozu.com/thin": "500",

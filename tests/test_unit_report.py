@@ -11,7 +11,7 @@ import pytest
 
 from topolvm.lvm.errors import ReportError
 from topolvm.lvm.report import (
-    LogicalVolume,
+    LvRecord,
     Report,
     parse_report,
     with_lv,
@@ -42,7 +42,7 @@ def report(doc: dict[str, Any]) -> Report:
     return parse_report(doc)
 
 
-def lv(report: Report, name: str) -> LogicalVolume:
+def lv(report: Report, name: str) -> LvRecord:
     found = report.find_lv("myvg1", name)
     assert found is not None, name
     return found
@@ -256,7 +256,7 @@ def _snapshot(report: Report) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def test_with_lv_adds_without_mutating(report: Report) -> None:
     before = _snapshot(report)
-    new = LogicalVolume(
+    new = LvRecord(
         name="new1",
         vg_name="myvg1",
         uuid="u",

@@ -53,8 +53,13 @@ def format_quantity(size: int) -> str:
 
 
 @dataclass
-class LogicalVolume:
-    """What the node and controller read from a LogicalVolume object."""
+class LogicalVolumeObject:
+    """What the node and controller read from a LogicalVolume object.
+
+    Three types carry the name "logical volume"; each is named by its role: this one is the
+    Kubernetes object, ``lvm.report.LvRecord`` is a row of ``lvs``, and the protobuf
+    ``LogicalVolume`` is lvmd's wire message.
+    """
 
     name: str
     uid: str
@@ -75,7 +80,7 @@ class LogicalVolume:
     annotations: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, obj: dict[str, Any]) -> LogicalVolume:
+    def from_dict(cls, obj: dict[str, Any]) -> LogicalVolumeObject:
         """Raises InvalidQuantity/KeyError/TypeError for objects that break the schema."""
         meta = obj.get("metadata") or {}
         spec = obj.get("spec") or {}

@@ -36,7 +36,7 @@ class VolumeGroup:
 
 
 @dataclass(frozen=True)
-class LogicalVolume:
+class LvRecord:
     name: str
     vg_name: str
     uuid: str
@@ -69,12 +69,12 @@ class Report:
     """The state of all VGs on the host as one consistent snapshot."""
 
     vgs: Mapping[str, VolumeGroup] = field(default_factory=dict)
-    lvs: Mapping[str, tuple[LogicalVolume, ...]] = field(default_factory=dict)  # by VG name
+    lvs: Mapping[str, tuple[LvRecord, ...]] = field(default_factory=dict)  # by VG name
 
-    def lvs_of(self, vg: str) -> tuple[LogicalVolume, ...]:
+    def lvs_of(self, vg: str) -> tuple[LvRecord, ...]:
         return self.lvs.get(vg, ())
 
-    def find_lv(self, vg: str, name: str) -> LogicalVolume | None:
+    def find_lv(self, vg: str, name: str) -> LvRecord | None:
         for lv in self.lvs_of(vg):
             if lv.name == name:
                 return lv
@@ -130,7 +130,7 @@ def parse_vg(row: Mapping[str, Any]) -> VolumeGroup:
     )
 
 
-def parse_lv(row: Mapping[str, Any]) -> LogicalVolume:
+def parse_lv(row: Mapping[str, Any]) -> LvRecord:
     size = _uint(row, "lv_size")
     origin = _str(row, "origin")
     pool = _str(row, "pool_lv")
@@ -138,7 +138,7 @@ def parse_lv(row: Mapping[str, Any]) -> LogicalVolume:
         # A classic (non-thin) snapshot reports its COW size; its usable size is the origin's.
         size = _uint(row, "origin_size") or size
     tags = _str(row, "lv_tags")
-    return LogicalVolume(
+    return LvRecord(
         name=_str(row, "lv_name"),
         vg_name=_str(row, "vg_name"),
         uuid=_str(row, "lv_uuid"),
@@ -175,7 +175,7 @@ def _rows(section: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
 def parse_report(doc: Mapping[str, Any]) -> Report:
     """Parse ``fullreport`` (one section per VG) or a ``vgs``/``lvs`` report."""
     vgs: dict[str, VolumeGroup] = {}
-    lvs: dict[str, list[LogicalVolume]] = {}
+    lvs: dict[str, list[LvRecord]] = {}
     for section in _sections(doc):
         for row in _rows(section, "vg"):
             vg = parse_vg(row)
@@ -187,7 +187,7 @@ def parse_report(doc: Mapping[str, Any]) -> Report:
     return Report(vgs=vgs, lvs={k: tuple(v) for k, v in lvs.items()})
 
 
-def with_lv(report: Report, lv: LogicalVolume) -> Report:
+def with_lv(report: Report, lv: LvRecord) -> Report:
     """A copy of ``report`` in which ``lv`` is added or replaces the LV of the same name."""
     lvs = dict(report.lvs)
     lvs[lv.vg_name] = (*(x for x in report.lvs_of(lv.vg_name) if x.name != lv.name), lv)

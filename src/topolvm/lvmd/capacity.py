@@ -7,10 +7,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from topolvm.config.lvmd import DeviceClass, LvmdConfig
-from topolvm.lvm.report import LogicalVolume, Report, VolumeGroup
+from topolvm.lvm.report import LvRecord, Report, VolumeGroup
 
 
-def thin_used(lvs: Iterable[LogicalVolume], pool: str) -> int:
+def thin_used(lvs: Iterable[LvRecord], pool: str) -> int:
     """Sum of the virtual sizes of every LV (volume or snapshot) in ``pool``."""
     return sum(lv.size for lv in lvs if lv.pool_lv == pool)
 
@@ -32,9 +32,9 @@ class Pool:
 
     dc: DeviceClass
     vg: VolumeGroup
-    thin_pool: LogicalVolume | None  # set for thin classes
+    thin_pool: LvRecord | None  # set for thin classes
 
-    def lvs(self, report: Report) -> list[LogicalVolume]:
+    def lvs(self, report: Report) -> list[LvRecord]:
         """LVs that belong to this class: thick → all but thin pools and thin volumes."""
         if self.thin_pool is None:
             return [

@@ -5,17 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
-import stat
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from topolvm.config.lvmd import LvmdConfig
+from topolvm.csi.server import SocketError, start_unix_server, stop_unix_server
 from topolvm.lvm.command import LvmRunner
 from topolvm.lvm.report import Report
 from topolvm.lvmd.capacity import PoolMissing, find_pool
@@ -45,27 +42,6 @@ def check_device_classes(config: LvmdConfig, report: Report) -> None:
         raise StartupError("; ".join(missing))
 
 
-def prepare_socket(path: str) -> None:
-    """Make ``path`` free to bind: remove a stale socket, refuse anything else."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        st = p.lstat()
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise StartupError(f"socket path {path} exists and is not a socket; refusing to remove it")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(path)
-    except OSError:
-        p.unlink(missing_ok=True)  # nobody listens: stale socket from an earlier run
-        return
-    finally:
-        probe.close()
-    raise StartupError(f"socket {path} is in use by another process (is lvmd already running?)")
-
-
 @dataclass
 class Options:
     refresh_interval: float = DEFAULT_REFRESH_INTERVAL
@@ -88,19 +64,17 @@ class LvmdServer:
         report = await self.state.refresh()
         check_device_classes(self.config, report)
         path = self.config.socket_name
-        prepare_socket(path)
-        server = grpc.aio.server()
-        pb_grpc.add_LVServiceServicer_to_server(self.lvmd, server)
-        pb_grpc.add_VGServiceServicer_to_server(self.lvmd, server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        old_umask = os.umask(0o177)  # the socket is created 0600: only root may drive LVM
-        try:
-            server.add_insecure_port(f"unix:{path}")
-            await server.start()
-        finally:
-            os.umask(old_umask)
-        os.chmod(path, 0o600)
-        self._server = server
+        lvmd, health = self.lvmd, self.health
+
+        def register(server: grpc.aio.Server) -> None:
+            pb_grpc.add_LVServiceServicer_to_server(lvmd, server)
+            pb_grpc.add_VGServiceServicer_to_server(lvmd, server)
+            health_pb2_grpc.add_HealthServicer_to_server(health, server)
+
+        try:  # the socket is 0600 from its creation: only root may drive LVM
+            self._server = await start_unix_server(path, register, mode=0o600)
+        except SocketError as e:
+            raise StartupError(str(e)) from e
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self._timer = asyncio.create_task(
             self.state.run_timer(self.options.refresh_interval, self.options.watch_interval)
@@ -111,14 +85,12 @@ class LvmdServer:
     async def stop(self, grace: float = SHUTDOWN_GRACE) -> None:
         await self.health.enter_graceful_shutdown()
         self.state.close()  # ends Watch streams
-        if self._server is not None:
-            await self._server.stop(grace)  # in-flight RPCs (and their LVM commands) finish
+        if self._server is not None:  # in-flight RPCs (and their LVM commands) finish
+            await stop_unix_server(self._server, self.config.socket_name, grace)
         if self._timer is not None:
             self._timer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._timer
-        with contextlib.suppress(OSError):
-            os.unlink(self.config.socket_name)
         log.info("lvmd stopped")
 
 

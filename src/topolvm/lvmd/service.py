@@ -3,24 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import stat
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import grpc
 
 from topolvm.config.lvmd import DeviceClass, LvmdConfig
+from topolvm.csi import status
 from topolvm.lvm import validate
 from topolvm.lvm.errors import InvalidInput, LvmError
 from topolvm.lvm.report import (
     LV_FIELDS,
-    LogicalVolume,
+    LvRecord,
     Report,
     parse_report,
     with_lv,
@@ -40,69 +39,39 @@ WATCH_DEBOUNCE = 0.05  # seconds to let a burst of changes settle before reporti
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 
-class RpcFailure(Exception):
-    """Ends an RPC with a gRPC status code."""
+def _translate(e: Exception) -> status.StatusError | None:
+    if isinstance(e, InvalidInput):
+        return status.InvalidArgument(str(e))
+    if isinstance(e, PoolMissing):
+        return status.Internal(f"failed to get pool from device class: {e}")
+    if isinstance(e, LvmError):
+        return status.Internal(str(e))
+    return None
 
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
-
-def _describe(request: Any) -> dict[str, Any]:
-    # "name" would clash with LogRecord.name: log it as "lv".
-    fields = {"name": "lv", "device_class": "device_class", "size_bytes": "size_bytes",
-              "source_volume": "source_volume", "access_type": "access_type"}  # fmt: skip
-    return {
-        key: getattr(request, f)
-        for f, key in fields.items()
-        if getattr(request, f, None) not in (None, "")
-    }
+# "name" would clash with LogRecord.name: log it as "lv".
+_LOGGED = {"name": "lv", "device_class": "device_class", "size_bytes": "size_bytes",
+           "source_volume": "source_volume", "access_type": "access_type"}  # fmt: skip
 
 
 def rpc(fn: F) -> F:
     """Map errors to gRPC status codes and log every call with its request context and timing."""
-
-    @functools.wraps(fn)
-    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        started = time.monotonic()
-        ctx = {"rpc": fn.__name__, **_describe(request)}
-        try:
-            result = await fn(self, request, context)
-        except RpcFailure as e:
-            code, message = e.code, e.message
-        except InvalidInput as e:
-            code, message = grpc.StatusCode.INVALID_ARGUMENT, str(e)
-        except PoolMissing as e:
-            code, message = grpc.StatusCode.INTERNAL, f"failed to get pool from device class: {e}"
-        except LvmError as e:
-            code, message = grpc.StatusCode.INTERNAL, str(e)
-        except asyncio.CancelledError:
-            log.info("rpc cancelled", extra=ctx)
-            raise
-        except Exception as e:
-            log.exception("rpc failed unexpectedly", extra=ctx)
-            code, message = grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}"
-        else:
-            log.info("rpc ok", extra={**ctx, "secs": round(time.monotonic() - started, 4)})
-            return result
-        level = logging.ERROR if code is grpc.StatusCode.INTERNAL else logging.WARNING
-        extra = {**ctx, "code": code.name, "secs": round(time.monotonic() - started, 4)}
-        log.log(level, f"rpc failed: {message}", extra=extra)
-        await context.abort(code, message)
-        raise AssertionError("unreachable")  # context.abort raises
-
-    return cast(F, wrapper)
+    service = (
+        "proto.VGService"
+        if fn.__name__ in ("GetLVList", "GetFreeBytes", "Watch")
+        else ("proto.LVService")
+    )
+    return status.rpc(service, lambda r: status.fields_of(r, _LOGGED), _translate)(fn)
 
 
 def _resolve(config: LvmdConfig, name: str) -> DeviceClass:
     dc = config.device_class(name)
     if dc is None:
-        raise RpcFailure(grpc.StatusCode.NOT_FOUND, f"device-class not found: {name}")
+        raise status.NotFound(f"device-class not found: {name}")
     return dc
 
 
-def _to_pb(lv: LogicalVolume, *, full: bool) -> pb.LogicalVolume:
+def _to_pb(lv: LvRecord, *, full: bool) -> pb.LogicalVolume:
     msg = pb.LogicalVolume(name=lv.name, size_bytes=lv.size, dev_major=lv.major, dev_minor=lv.minor)
     if full:
         msg.tags.extend(lv.tags)
@@ -111,9 +80,8 @@ def _to_pb(lv: LogicalVolume, *, full: bool) -> pb.LogicalVolume:
     return msg
 
 
-def _no_space(free: int, requested: int) -> RpcFailure:
-    return RpcFailure(
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
+def _no_space(free: int, requested: int) -> status.StatusError:
+    return status.ResourceExhausted(
         f"no enough space left on VG: free={free}, requested={requested}",
     )
 
@@ -150,7 +118,7 @@ class Lvmd(pb_grpc.LVServiceServicer, pb_grpc.VGServiceServicer):
                 raise
         return await self._pool_locked_reloaded(dc)
 
-    async def _read_lv(self, vg: str, name: str, base: LogicalVolume) -> LogicalVolume:
+    async def _read_lv(self, vg: str, name: str, base: LvRecord) -> LvRecord:
         """``base`` as it is now: size and device from its device node, else from ``lvs``."""
         path = f"/dev/{vg}/{name}"
         dev = _block_device(path)
@@ -160,7 +128,7 @@ class Lvmd(pb_grpc.LVServiceServicer, pb_grpc.VGServiceServicer):
         doc = await self.runner.report("lvs", f"{vg}/{name}", "-o", LV_FIELDS)
         lv = parse_report(doc).find_lv(vg, name)
         if lv is None:
-            raise RpcFailure(grpc.StatusCode.INTERNAL, f"logical volume {vg}/{name} vanished")
+            raise status.Internal(f"logical volume {vg}/{name} vanished")
         return lv
 
     @staticmethod
@@ -195,13 +163,11 @@ class Lvmd(pb_grpc.LVServiceServicer, pb_grpc.VGServiceServicer):
             if free < size:
                 raise _no_space(free, size)
             if oc is None and request.lvcreate_option_class:
-                raise RpcFailure(
-                    grpc.StatusCode.INTERNAL,
+                raise status.Internal(
                     f"unsupported lvcreate-option-class target: {request.lvcreate_option_class}",
                 )
             if not dc.is_thin and size % SECTOR:
-                raise RpcFailure(
-                    grpc.StatusCode.INTERNAL,
+                raise status.Internal(
                     f"cannot create volume as given size is not a multiple of {SECTOR} and could "
                     f"get rejected: size_bytes={size}",
                 )
@@ -218,7 +184,7 @@ class Lvmd(pb_grpc.LVServiceServicer, pb_grpc.VGServiceServicer):
                 if e.no_space:
                     raise await self._lvm_no_space(dc, e, size) from e
                 raise
-            base = LogicalVolume(
+            base = LvRecord(
                 name=name,
                 vg_name=pool.vg.name,
                 uuid="",
@@ -238,7 +204,9 @@ class Lvmd(pb_grpc.LVServiceServicer, pb_grpc.VGServiceServicer):
             self.state.update_locked(updated)
         return pb.CreateLVResponse(volume=_to_pb(lv, full=False))
 
-    async def _lvm_no_space(self, dc: DeviceClass, e: LvmError, requested: int) -> RpcFailure:
+    async def _lvm_no_space(
+        self, dc: DeviceClass, e: LvmError, requested: int
+    ) -> status.StatusError:
         """LVM refused an allocation our model allowed (e.g. RAID options): report real numbers."""
         log.warning("LVM refused the allocation", extra={"stderr": e.stderr, "argv": e.argv})
         report, pool = await self._pool_locked_reloaded(dc)
@@ -248,16 +216,13 @@ class Lvmd(pb_grpc.LVServiceServicer, pb_grpc.VGServiceServicer):
         report = await self.state.reload_locked()
         return report, find_pool(report, dc)
 
-    def _existing(
-        self, lv: LogicalVolume, pool: Pool, size: int, stripes: int
-    ) -> pb.CreateLVResponse:
+    def _existing(self, lv: LvRecord, pool: Pool, size: int, stripes: int) -> pb.CreateLVResponse:
         """CreateLV for a name that exists: same class and size is success, else ALREADY_EXISTS."""
         same_pool = lv.pool_lv == (pool.thin_pool.name if pool.thin_pool else "")
         if same_pool and size <= lv.size < size + self._rounding(pool, stripes):
             log.info("logical volume exists already", extra={"lv": lv.name, "size": lv.size})
             return pb.CreateLVResponse(volume=_to_pb(lv, full=False))
-        raise RpcFailure(
-            grpc.StatusCode.ALREADY_EXISTS,
+        raise status.AlreadyExists(
             f"logical volume {lv.full_name} already exists with size {lv.size}"
             f"{'' if same_pool else ' in another pool'}; requested {size}",
         )
@@ -291,14 +256,12 @@ class Lvmd(pb_grpc.LVServiceServicer, pb_grpc.VGServiceServicer):
                 report = await self.state.reload_locked()
                 vg = report.vgs.get(dc.volume_group)
                 if vg is None:
-                    raise RpcFailure(
-                        grpc.StatusCode.NOT_FOUND,
+                    raise status.NotFound(
                         f"volume group {dc.volume_group} not found",
                     )
             lv = report.find_lv(vg.name, name)
             if lv is not None and lv.is_thin_pool:
-                raise RpcFailure(
-                    grpc.StatusCode.FAILED_PRECONDITION,
+                raise status.FailedPrecondition(
                     f"{lv.full_name} is a thin pool; lvmd never removes thin pools",
                 )
             self.state.invalidate()
@@ -306,10 +269,8 @@ class Lvmd(pb_grpc.LVServiceServicer, pb_grpc.VGServiceServicer):
                 await self.runner.run("lvremove", "-f", f"{vg.name}/{name}")
             except LvmError as e:
                 if e.not_found:
-                    raise RpcFailure(
-                        grpc.StatusCode.NOT_FOUND, f"logical volume {vg.name}/{name} not found"
-                    ) from e
-                raise RpcFailure(grpc.StatusCode.UNKNOWN, str(e)) from e
+                    raise status.NotFound(f"logical volume {vg.name}/{name} not found") from e
+                raise status.StatusError(code=grpc.StatusCode.UNKNOWN, message=str(e)) from e
             updated = without_lv(report, vg.name, name)
             if lv is not None and not lv.pool_lv:
                 updated = with_vg_free(updated, vg.name, vg.free + lv.size)
@@ -332,7 +293,7 @@ class Lvmd(pb_grpc.LVServiceServicer, pb_grpc.VGServiceServicer):
                 report, pool = await self._pool_locked_reloaded(dc)
                 lv = self._find_in_pool(report, pool, name)
             if lv is None:
-                raise RpcFailure(grpc.StatusCode.NOT_FOUND, f"logical volume {name} is not found")
+                raise status.NotFound(f"logical volume {name} is not found")
             if size <= lv.size:
                 return pb.ResizeLVResponse(size_bytes=lv.size)
             delta = size - lv.size
@@ -357,7 +318,7 @@ class Lvmd(pb_grpc.LVServiceServicer, pb_grpc.VGServiceServicer):
         return pb.ResizeLVResponse(size_bytes=new.size)
 
     @staticmethod
-    def _find_in_pool(report: Report, pool: Pool, name: str) -> LogicalVolume | None:
+    def _find_in_pool(report: Report, pool: Pool, name: str) -> LvRecord | None:
         lv = report.find_lv(pool.vg.name, name)
         if lv is None or lv.is_thin_pool:
             return None
@@ -371,8 +332,7 @@ class Lvmd(pb_grpc.LVServiceServicer, pb_grpc.VGServiceServicer):
     ) -> pb.CreateLVSnapshotResponse:
         dc = _resolve(self.config, request.device_class)
         if not dc.is_thin:
-            raise RpcFailure(
-                grpc.StatusCode.UNIMPLEMENTED,
+            raise status.Unimplemented(
                 "device class is not thin. Thick snapshots are not implemented yet",
             )
         name = validate.lv_name(request.name)
@@ -391,25 +351,19 @@ class Lvmd(pb_grpc.LVServiceServicer, pb_grpc.VGServiceServicer):
                 report, pool = await self._pool_locked(dc)
             src = report.find_lv(pool.vg.name, source)
             if src is None:
-                raise RpcFailure(
-                    grpc.StatusCode.NOT_FOUND, f"source logical volume {source} is not found"
-                )
+                raise status.NotFound(f"source logical volume {source} is not found")
             if not src.is_thin_volume:
-                raise RpcFailure(
-                    grpc.StatusCode.UNIMPLEMENTED, "snapshot can be created for only thin volumes"
-                )
+                raise status.Unimplemented("snapshot can be created for only thin volumes")
             desired = request.size_bytes or src.size
             if desired < src.size:
-                raise RpcFailure(
-                    grpc.StatusCode.OUT_OF_RANGE,
+                raise status.OutOfRange(
                     f"requested size {desired} is smaller than the source volume size {src.size}",
                 )
             existing = report.find_lv(pool.vg.name, name)
             if existing is not None:
                 if existing.origin == source and existing.size >= desired:
                     return pb.CreateLVSnapshotResponse(snapshot=_to_pb(existing, full=False))
-                raise RpcFailure(
-                    grpc.StatusCode.ALREADY_EXISTS,
+                raise status.AlreadyExists(
                     f"logical volume {existing.full_name} already exists",
                 )
             free = pool.free(report)
@@ -422,12 +376,12 @@ class Lvmd(pb_grpc.LVServiceServicer, pb_grpc.VGServiceServicer):
     async def _snapshot_locked(
         self,
         pool: Pool,
-        src: LogicalVolume,
+        src: LvRecord,
         name: str,
         tags: list[str],
         desired: int,
         access: str,
-    ) -> LogicalVolume:
+    ) -> LvRecord:
         vg = pool.vg.name
         argv = ["lvcreate", "-s", "-k", "n", "-n", name, src.full_name]
         for t in tags:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -18,17 +17,20 @@ from prometheus_client.process_collector import ProcessCollector
 
 from topolvm.config.lvmd import LvmdConfig
 from topolvm.constants import Names
+from topolvm.csi.identity import IdentityService
+from topolvm.csi.server import SocketError, start_unix_server, stop_unix_server
+from topolvm.csi.status import GrpcMetrics
 from topolvm.k8s import api
+from topolvm.k8s.logicalvolumes import LogicalVolumeStore
 from topolvm.k8s.runtime import Controller, Informer
 from topolvm.lvmd.server import Options
 from topolvm.metrics import MetricsServerError, start_metrics_server
 from topolvm.node.csi_node import NodeService
-from topolvm.node.csi_server import start_csi_server, stop_csi_server
 from topolvm.node.exporter import CapacityExporter, NodeMetrics
-from topolvm.node.identity import IdentityService
 from topolvm.node.lvmd_client import EmbeddedLvmd, LvmdClient, SocketLvmd
 from topolvm.node.reconciler import LogicalVolumeReconciler
 from topolvm.process import until_terminated
+from topolvm.proto import csi_pb2_grpc as csi_grpc
 
 log = logging.getLogger("topolvm.node")
 
@@ -49,31 +51,6 @@ class NodeOptions:
     probe_interval: float = 60.0
     workers: int = 4
     lvmd_options: Options = field(default_factory=Options)
-
-
-class InformerVolumeLookup:
-    """Finds a LogicalVolume by ``status.volumeID`` in the informer cache, then in the API."""
-
-    def __init__(self, informer: Informer, client: AsyncClient, names: Names):
-        self.informer = informer
-        self.client = client
-        self.resource = api.logicalvolume_resource(names)
-
-    @staticmethod
-    def _match(objs: list[api.Obj], volume_id: str) -> str | None:
-        for obj in objs:
-            if (obj.get("status") or {}).get("volumeID") == volume_id:
-                return str((obj.get("spec") or {}).get("deviceClass") or "")
-        return None
-
-    async def device_class_of(self, volume_id: str) -> str | None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.informer.synced.wait(), 10)
-        found = self._match(list(self.informer.values()), volume_id)
-        if found is None:  # the cache may lag behind a status update that just happened
-            items, _ = await api.list_all(self.client, self.resource)
-            found = self._match(items, volume_id)
-        return found
 
 
 class TopolvmNode:
@@ -108,8 +85,9 @@ class TopolvmNode:
             checks.append(self.lvmd.check_health)
         checks.append(self._check_csidriver)
         self.identity = IdentityService(self.names, checks, interval=options.probe_interval)
-        self.volumes = InformerVolumeLookup(self.informer, client, self.names)
+        self.volumes = LogicalVolumeStore(client, self.names, self.informer)
         self.node_service = NodeService(options.node_name, self.names, self.lvmd, self.volumes)
+        self.node_service.grpc_metrics = GrpcMetrics(self.registry)
         self._tasks: list[asyncio.Task[None]] = []
         self._server: grpc.aio.Server | None = None
         self._metrics_runner: web.AppRunner | None = None
@@ -141,9 +119,16 @@ class TopolvmNode:
             asyncio.create_task(self.exporter.run(), name="exporter"),
         ]
         await self.identity.start()
-        self._server = await start_csi_server(
-            self.options.csi_socket, self.identity, self.node_service
-        )
+        identity, node_service = self.identity, self.node_service
+
+        def register(server: grpc.aio.Server) -> None:
+            csi_grpc.add_IdentityServicer_to_server(identity, server)
+            csi_grpc.add_NodeServicer_to_server(node_service, server)
+
+        try:
+            self._server = await start_unix_server(self.options.csi_socket, register)
+        except SocketError as e:
+            raise StartupError(str(e)) from e
         if self.options.metrics_address is not None:
             try:
                 self._metrics_runner = await start_metrics_server(
@@ -166,7 +151,9 @@ class TopolvmNode:
         process alive (kubelet restarts a stuck node plugin only once it exits)."""
         if self._server is not None:
             server = self._server
-            await _bounded("CSI server", stop_csi_server(server, self.options.csi_socket, grace=10))
+            await _bounded(
+                "CSI server", stop_unix_server(server, self.options.csi_socket, grace=10)
+            )
         await _bounded("readiness checker", self.identity.stop())
         for task in self._tasks:
             task.cancel()

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import stat
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, TypeVar, cast
 
 import grpc
 
 from topolvm.constants import LEGACY_DEVICE_DIR, Names
+from topolvm.csi import status
 from topolvm.node import mounter
 from topolvm.node.condition import InvalidLvAttr, condition_from_attr
 from topolvm.node.lvmd_client import LvmdCallError, LvmdClient
@@ -47,64 +46,22 @@ class VolumeLookup(Protocol):
         """
 
 
-class CsiError(Exception):
-    """Ends an RPC with a gRPC status code."""
-
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
+_LOGGED = {"volume_id": "volume_id", "target_path": "target", "volume_path": "target"}
 
 
-def _context(rpc_name: str, request: Any) -> dict[str, Any]:
-    ctx: dict[str, Any] = {"rpc": rpc_name}
-    for field, key in (
-        ("volume_id", "volume_id"),
-        ("target_path", "target"),
-        ("volume_path", "target"),
-    ):
-        value = getattr(request, field, "")
-        if value:
-            ctx[key] = value
-    return ctx
+def _translate(e: Exception) -> status.StatusError | None:
+    if isinstance(e, mounter.UnsupportedFilesystem):
+        return status.InvalidArgument(str(e))
+    if isinstance(e, LvmdCallError):
+        return status.Internal(f"lvmd: {e.message}")
+    if isinstance(e, mounter.MountError | OSError):
+        return status.Internal(str(e))
+    return None
 
 
 def rpc(fn: F) -> F:
     """Map errors to gRPC status codes; log every call with volume, target, code and timing."""
-
-    @functools.wraps(fn)
-    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        started = time.monotonic()
-        ctx = _context(fn.__name__, request)
-        try:
-            result = await fn(self, request, context)
-        except CsiError as e:
-            code, message = e.code, e.message
-        except mounter.UnsupportedFilesystem as e:
-            code, message = Code.INVALID_ARGUMENT, str(e)
-        except LvmdCallError as e:
-            code, message = Code.INTERNAL, f"lvmd: {e.message}"
-        except mounter.MountError as e:
-            code, message = Code.INTERNAL, str(e)
-        except OSError as e:
-            code, message = Code.INTERNAL, str(e)
-        except asyncio.CancelledError:
-            log.info("rpc cancelled", extra={**ctx, "secs": round(time.monotonic() - started, 4)})
-            raise
-        except Exception as e:
-            log.exception("rpc failed unexpectedly", extra=ctx)
-            code, message = Code.INTERNAL, f"{type(e).__name__}: {e}"
-        else:
-            secs = round(time.monotonic() - started, 4)
-            log.info("rpc ok", extra={**ctx, "code": "OK", "secs": secs})
-            return result
-        level = logging.ERROR if code is Code.INTERNAL else logging.WARNING
-        extra = {**ctx, "code": code.name, "secs": round(time.monotonic() - started, 4)}
-        log.log(level, f"rpc failed: {message}", extra=extra)
-        await context.abort(code, message)
-        raise AssertionError("unreachable")  # context.abort raises
-
-    return cast(F, wrapper)
+    return status.rpc("csi.v1.Node", lambda r: status.fields_of(r, _LOGGED), _translate)(fn)
 
 
 class VolumeLocks:
@@ -138,8 +95,7 @@ def mount_options(
     options = ["ro"] if readonly else []
     for flag in mount.mount_flags:
         if flag == "rw" and readonly:
-            raise CsiError(
-                Code.INVALID_ARGUMENT,
+            raise status.InvalidArgument(
                 'mount option "rw" is specified even though read only mode is specified',
             )
         if flag:
@@ -151,24 +107,23 @@ def mount_options(
 
 def _require(value: str, what: str) -> None:
     if not value:
-        raise CsiError(Code.INVALID_ARGUMENT, f"no {what} is provided")
+        raise status.InvalidArgument(f"no {what} is provided")
 
 
 def _require_absolute(path: str, what: str) -> None:
     if not os.path.isabs(path):
-        raise CsiError(Code.INVALID_ARGUMENT, f"{what} must be an absolute path: {path}")
+        raise status.InvalidArgument(f"{what} must be an absolute path: {path}")
 
 
 def _check_capacity_range(request: csi.NodeExpandVolumeRequest) -> None:
     required = request.capacity_range.required_bytes
     limit = request.capacity_range.limit_bytes
     if required < 0:
-        raise CsiError(Code.INVALID_ARGUMENT, "required capacity must not be negative")
+        raise status.InvalidArgument("required capacity must not be negative")
     if limit < 0:
-        raise CsiError(Code.INVALID_ARGUMENT, "capacity limit must not be negative")
+        raise status.InvalidArgument("capacity limit must not be negative")
     if limit != 0 and required > limit:
-        raise CsiError(
-            Code.INVALID_ARGUMENT,
+        raise status.InvalidArgument(
             f"requested capacity exceeds limit capacity: request={required} limit={limit}",
         )
 
@@ -181,6 +136,8 @@ def _mode_name(mode: int) -> str:
 
 
 class NodeService(csi_grpc.NodeServicer):
+    grpc_metrics: status.GrpcMetrics | None = None
+
     def __init__(self, node_name: str, names: Names, lvmd: LvmdClient, volumes: VolumeLookup):
         self.node_name = node_name
         self.names = names
@@ -202,20 +159,20 @@ class NodeService(csi_grpc.NodeServicer):
         fallback = device_class is None
         if device_class is None:
             if not default_class:
-                raise CsiError(Code.NOT_FOUND, f"LogicalVolume for volume {volume_id} is not found")
+                raise status.NotFound(f"LogicalVolume for volume {volume_id} is not found")
             device_class = DEFAULT_DEVICE_CLASS
         try:
             volumes = await self.lvmd.get_lv_list(device_class)
         except LvmdCallError as e:
             if fallback and e.code is Code.NOT_FOUND:
-                raise CsiError(Code.NOT_FOUND, f"failed to find LV: {volume_id}") from e
-            raise CsiError(Code.INTERNAL, f"failed to list LV: {e.message}") from e
+                raise status.NotFound(f"failed to find LV: {volume_id}") from e
+            raise status.Internal(f"failed to list LV: {e.message}") from e
         for lv in volumes:
             if lv.name == volume_id:
                 if not lv.path:
-                    raise CsiError(Code.INTERNAL, f"lvmd reported no device path for {volume_id}")
+                    raise status.Internal(f"lvmd reported no device path for {volume_id}")
                 return lv
-        raise CsiError(Code.NOT_FOUND, f"failed to find LV: {volume_id}")
+        raise status.NotFound(f"failed to find LV: {volume_id}")
 
     # -- publish ---------------------------------------------------------------------------
 
@@ -227,18 +184,14 @@ class NodeService(csi_grpc.NodeServicer):
         _require(volume_id, "volume_id")
         _require(target, "target_path")
         if not request.HasField("volume_capability"):
-            raise CsiError(Code.INVALID_ARGUMENT, "no volume_capability is provided")
+            raise status.InvalidArgument("no volume_capability is provided")
         capability = request.volume_capability
         access_type = capability.WhichOneof("access_type")
         if access_type not in ("block", "mount"):
-            raise CsiError(
-                Code.INVALID_ARGUMENT, "no supported volume capability: neither block nor mount"
-            )
+            raise status.InvalidArgument("no supported volume capability: neither block nor mount")
         mode = capability.access_mode.mode
         if mode != AccessMode.SINGLE_NODE_WRITER:
-            raise CsiError(
-                Code.FAILED_PRECONDITION, f"unsupported access mode: {_mode_name(mode)} ({mode})"
-            )
+            raise status.FailedPrecondition(f"unsupported access mode: {_mode_name(mode)} ({mode})")
         _require_absolute(target, "target_path")
         fstype, options = "", []
         if access_type == "mount":
@@ -267,22 +220,20 @@ class NodeService(csi_grpc.NodeServicer):
         try:
             await asyncio.to_thread(os.makedirs, target, 0o755, exist_ok=True)
         except OSError as e:
-            raise CsiError(Code.INTERNAL, f"mkdir failed: target={target}, error={e}") from e
+            raise status.Internal(f"mkdir failed: target={target}, error={e}") from e
         existing = await asyncio.to_thread(mounter.mounts_at, target)
         if existing:
             self._check_existing_mount(volume_id, target, device, existing[-1], readonly)
         current = await mounter.detect_filesystem(device)
         if current is not None and current != fstype:
-            raise CsiError(
-                Code.INTERNAL,
+            raise status.Internal(
                 f"target device is already formatted with different filesystem: "
                 f"volume={volume_id}, current={current}, new={fstype}",
             )
         if not existing:
             if current is None:
                 if readonly:
-                    raise CsiError(
-                        Code.INTERNAL,
+                    raise status.Internal(
                         f"cannot format unformatted volume {volume_id} for a read-only publish",
                     )
                 log.info(
@@ -298,9 +249,7 @@ class NodeService(csi_grpc.NodeServicer):
                 if not readonly:  # a read-only filesystem keeps the mode it was given rw
                     await asyncio.to_thread(os.chmod, target, 0o2777)
             except OSError as e:
-                raise CsiError(
-                    Code.INTERNAL, f"chmod 2777 failed: target={target}, error={e}"
-                ) from e
+                raise status.Internal(f"chmod 2777 failed: target={target}, error={e}") from e
         if readonly:
             return  # a read-only mount cannot be grown; the next read-write publish will
         if await mounter.needs_resize(device, target, fstype):
@@ -308,8 +257,7 @@ class NodeService(csi_grpc.NodeServicer):
             try:
                 await mounter.grow(device, target, fstype)
             except mounter.MountError as e:
-                raise CsiError(
-                    Code.INTERNAL,
+                raise status.Internal(
                     f"failed to resize filesystem {volume_id} (mounted at: {target}): {e}",
                 ) from e
 
@@ -319,15 +267,12 @@ class NodeService(csi_grpc.NodeServicer):
     ) -> None:
         """An already-mounted target is fine only if it shows this volume, as requested."""
         if not mounter.mount_uses_device(top, device):
-            raise CsiError(
-                Code.ALREADY_EXISTS,
+            raise status.AlreadyExists(
                 f"{target} is already mounted from {top.source}, not from volume {volume_id}",
             )
         if top.readonly != readonly:
             now = "read-only" if top.readonly else "read-write"
-            raise CsiError(
-                Code.ALREADY_EXISTS, f"volume {volume_id} is already published {now} at {target}"
-            )
+            raise status.AlreadyExists(f"volume {volume_id} is already published {now} at {target}")
 
     async def _publish_block(
         self, volume_id: str, target: str, device: str, readonly: bool
@@ -337,28 +282,24 @@ class NodeService(csi_grpc.NodeServicer):
         if existing:
             seen = await asyncio.to_thread(mounter.bind_target_device, target)
             if seen != rdev:
-                raise CsiError(
-                    Code.ALREADY_EXISTS,
+                raise status.AlreadyExists(
                     f"{target} is already mounted from {existing[-1].source}, "
                     f"not from volume {volume_id}",
                 )
             if existing[-1].readonly != readonly:
                 now = "read-only" if existing[-1].readonly else "read-write"
-                raise CsiError(
-                    Code.ALREADY_EXISTS,
+                raise status.AlreadyExists(
                     f"volume {volume_id} is already published {now} at {target}",
                 )
             return
         try:
             await asyncio.to_thread(_create_file, target)
         except OSError as e:
-            raise CsiError(Code.INTERNAL, f"create failed: target={target}, error={e}") from e
+            raise status.Internal(f"create failed: target={target}, error={e}") from e
         try:
             await mounter.bind_mount(device, target, readonly)
         except mounter.MountError as e:
-            raise CsiError(
-                Code.INTERNAL, f"(bind)mount failed: volume={volume_id}, error={e}"
-            ) from e
+            raise status.Internal(f"(bind)mount failed: volume={volume_id}, error={e}") from e
 
     # -- unpublish -------------------------------------------------------------------------
 
@@ -384,7 +325,7 @@ class NodeService(csi_grpc.NodeServicer):
             # a mount point whose filesystem is gone: unmount it all the same
         except OSError as e:
             if not await asyncio.to_thread(mounter.is_mount_point, target):
-                raise CsiError(Code.INTERNAL, f"stat failed for {target}: {e}") from e
+                raise status.Internal(f"stat failed for {target}: {e}") from e
         # Unmount until nothing is mounted here (stacked mounts from older bugs included).
         for _ in range(MAX_STACKED_MOUNTS):
             if not await asyncio.to_thread(mounter.is_mount_point, target):
@@ -392,15 +333,13 @@ class NodeService(csi_grpc.NodeServicer):
             try:
                 await mounter.umount(target)
             except mounter.MountError as e:
-                raise CsiError(Code.INTERNAL, f"unmount failed for {target}: error={e}") from e
+                raise status.Internal(f"unmount failed for {target}: error={e}") from e
         else:
-            raise CsiError(
-                Code.INTERNAL, f"{target} is still mounted after {MAX_STACKED_MOUNTS} unmounts"
-            )
+            raise status.Internal(f"{target} is still mounted after {MAX_STACKED_MOUNTS} unmounts")
         try:
             await asyncio.to_thread(_remove_target, target)
         except OSError as e:
-            raise CsiError(Code.INTERNAL, f"remove failed for {target}: {e}") from e
+            raise status.Internal(f"remove failed for {target}: {e}") from e
 
     # -- stats -----------------------------------------------------------------------------
 
@@ -412,21 +351,21 @@ class NodeService(csi_grpc.NodeServicer):
         _require(volume_id, "volume_id")
         _require(path, "volume_path")
         if not os.path.isabs(path):
-            raise CsiError(Code.NOT_FOUND, f"Volume is not found at {path}")
+            raise status.NotFound(f"Volume is not found at {path}")
         async with self.locks.hold(volume_id):
             try:
                 st = await asyncio.to_thread(os.stat, path)
             except FileNotFoundError as e:
-                raise CsiError(Code.NOT_FOUND, f"Volume is not found at {path}") from e
+                raise status.NotFound(f"Volume is not found at {path}") from e
             except OSError as e:
-                raise CsiError(Code.INTERNAL, f"stat on {path} was failed: {e}") from e
+                raise status.Internal(f"stat on {path} was failed: {e}") from e
             if stat.S_ISBLK(st.st_mode):
                 size = await asyncio.to_thread(mounter.device_size, path)
                 return csi.NodeGetVolumeStatsResponse(
                     usage=[csi.VolumeUsage(unit=csi.VolumeUsage.BYTES, total=size)]
                 )
             if not stat.S_ISDIR(st.st_mode):
-                raise CsiError(Code.INTERNAL, f"invalid mode bits for {path}: {st.st_mode:o}")
+                raise status.Internal(f"invalid mode bits for {path}: {st.st_mode:o}")
             fs = await asyncio.to_thread(mounter.fs_stats, path)
             usage = []
             if fs.total_bytes > 0:
@@ -451,7 +390,7 @@ class NodeService(csi_grpc.NodeServicer):
             try:
                 condition = condition_from_attr(lv.attr)
             except InvalidLvAttr as e:
-                raise CsiError(Code.INTERNAL, str(e)) from e
+                raise status.Internal(str(e)) from e
         return csi.NodeGetVolumeStatsResponse(
             usage=usage,
             volume_condition=csi.VolumeCondition(
@@ -475,22 +414,20 @@ class NodeService(csi_grpc.NodeServicer):
             lv = await self._find_lv(volume_id, default_class=True)
             mounts = await asyncio.to_thread(mounter.mounts_at, path) if os.path.isabs(path) else []
             if not mounts:
-                raise CsiError(Code.INTERNAL, f"filesystem {volume_id} is not mounted at {path}")
+                raise status.Internal(f"filesystem {volume_id} is not mounted at {path}")
             top = mounts[-1]
             if await asyncio.to_thread(mounter.bind_target_device, path) == (
                 mounter.device_number(lv.path)
             ):
                 return csi.NodeExpandVolumeResponse()  # a published block volume
             if not mounter.mount_uses_device(top, lv.path):
-                raise CsiError(
-                    Code.INTERNAL,
+                raise status.Internal(
                     f"{path} is mounted from {top.source}, not from volume {volume_id}",
                 )
             try:
                 await mounter.grow(lv.path, path, top.fstype)
             except mounter.MountError as e:
-                raise CsiError(
-                    Code.INTERNAL,
+                raise status.Internal(
                     f"failed to resize filesystem {volume_id} (mounted at: {path}): {e}",
                 ) from e
         return csi.NodeExpandVolumeResponse()
@@ -501,13 +438,13 @@ class NodeService(csi_grpc.NodeServicer):
     async def NodeStageVolume(
         self, request: csi.NodeStageVolumeRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> csi.NodeStageVolumeResponse:
-        raise CsiError(Code.UNIMPLEMENTED, "NodeStageVolume is not implemented")
+        raise status.Unimplemented("NodeStageVolume is not implemented")
 
     @rpc
     async def NodeUnstageVolume(
         self, request: csi.NodeUnstageVolumeRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> csi.NodeUnstageVolumeResponse:
-        raise CsiError(Code.UNIMPLEMENTED, "NodeUnstageVolume is not implemented")
+        raise status.Unimplemented("NodeUnstageVolume is not implemented")
 
     # -- info ------------------------------------------------------------------------------
 

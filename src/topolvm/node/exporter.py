@@ -16,7 +16,8 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node
 from prometheus_client import CollectorRegistry, Gauge
 
-from topolvm.constants import DEFAULT_DEVICE_CLASS_KEY, Names
+from topolvm import capacity_annotations
+from topolvm.constants import Names
 from topolvm.k8s import api
 from topolvm.node.lvmd_client import LvmdCallError, LvmdClient
 from topolvm.proto import lvmd_pb2 as pb
@@ -61,13 +62,15 @@ class NodeMetrics:
                 self.pool_over.labels(*labels).set(tp.overprovision_bytes)
 
 
-def capacity_annotations(names: Names, msg: pb.WatchResponse) -> dict[str, str]:
+def node_annotations(names: Names, msg: pb.WatchResponse) -> dict[str, str]:
     """``capacity.<p>/<dc>`` → decimal bytes: thin classes report overprovisioned free bytes."""
-    out = {names.capacity_prefix + DEFAULT_DEVICE_CLASS_KEY: str(msg.free_bytes)}
-    for item in msg.items:
-        free = item.thin_pool.overprovision_bytes if item.HasField("thin_pool") else item.free_bytes
-        out[names.capacity_annotation(item.device_class)] = str(free)
-    return out
+    by_class = {
+        item.device_class: (
+            item.thin_pool.overprovision_bytes if item.HasField("thin_pool") else item.free_bytes
+        )
+        for item in msg.items
+    }
+    return capacity_annotations.encode_node(names, msg.free_bytes, by_class)
 
 
 class CapacityExporter:
@@ -108,7 +111,7 @@ class CapacityExporter:
             await api.set_finalizer(
                 self.client, Node, self.node_name, self.names.node_finalizer, True
             )
-        patch = {"metadata": {"annotations": capacity_annotations(self.names, msg)}}
+        patch = {"metadata": {"annotations": node_annotations(self.names, msg)}}
         await api.patch_merge(self.client, Node, self.node_name, patch)
         self.updates += 1
         return True

@@ -16,7 +16,7 @@ from lightkube import AsyncClient
 
 from topolvm.constants import CREATED_BY_LABEL, Names
 from topolvm.k8s import api
-from topolvm.k8s.logicalvolume import InvalidQuantity, LogicalVolume, status_dict
+from topolvm.k8s.logicalvolume import InvalidQuantity, LogicalVolumeObject, status_dict
 from topolvm.k8s.runtime import Controller, Informer, ReconcileError, Result
 from topolvm.node.lvmd_client import LvmdCallError, LvmdClient
 from topolvm.proto import lvmd_pb2 as pb
@@ -48,7 +48,7 @@ class LogicalVolumeReconciler:
         if obj is None:
             return None
         try:
-            lv = LogicalVolume.from_dict(obj)
+            lv = LogicalVolumeObject.from_dict(obj)
         except (InvalidQuantity, KeyError, TypeError, ValueError) as e:
             log.error("ignoring malformed LogicalVolume", extra={"lv": name, "error": str(e)})
             return None
@@ -77,7 +77,7 @@ class LogicalVolumeReconciler:
             await self._expand(lv)
         return None
 
-    async def _finalize(self, lv: LogicalVolume) -> None:
+    async def _finalize(self, lv: LogicalVolumeObject) -> None:
         if self.names.lv_finalizer not in lv.finalizers:
             return
         try:
@@ -89,7 +89,7 @@ class LogicalVolumeReconciler:
             log.info("LV already removed", extra={"lv": lv.name, "uid": lv.uid})
         await api.set_finalizer(self.client, self.resource, lv.name, self.names.lv_finalizer, False)
 
-    async def _create(self, lv: LogicalVolume) -> None:
+    async def _create(self, lv: LogicalVolumeObject) -> None:
         if lv.code != 0:
             return  # a failed create is final: the controller deletes the object
         existing = await self._find_lv(lv)
@@ -117,13 +117,13 @@ class LogicalVolumeReconciler:
         log.info("created LV", extra={"lv": lv.name, "uid": lv.uid, "size_bytes": size})
         await self._set_status(lv.name, lv.uid, 0, "", size)
 
-    async def _create_snapshot(self, lv: LogicalVolume) -> int:
+    async def _create_snapshot(self, lv: LogicalVolumeObject) -> int:
         if lv.access_type not in ("ro", "rw"):
             raise ReconcileError(f"invalid accessType {lv.access_type!r}: must be ro or rw")
         src_obj = await api.get(self.client, self.resource, lv.source)
         if src_obj is None:
             raise ReconcileError(f"source LogicalVolume {lv.source!r} not found")
-        src = LogicalVolume.from_dict(src_obj)
+        src = LogicalVolumeObject.from_dict(src_obj)
         if not src.volume_id:
             raise ReconcileError(f"source LogicalVolume {lv.source!r} has no volume yet")
         if src.current_size is not None and lv.size < src.current_size:
@@ -143,7 +143,7 @@ class LogicalVolumeReconciler:
         )
         return int(resp.snapshot.size_bytes)
 
-    async def _expand(self, lv: LogicalVolume) -> None:
+    async def _expand(self, lv: LogicalVolumeObject) -> None:
         if lv.current_size is not None and lv.size <= lv.current_size:
             return
         try:
@@ -158,7 +158,7 @@ class LogicalVolumeReconciler:
         log.info("resized LV", extra={"lv": lv.name, "uid": lv.uid, "size_bytes": resp.size_bytes})
         await self._set_status(lv.name, lv.volume_id, 0, "", int(resp.size_bytes))
 
-    async def _find_lv(self, lv: LogicalVolume) -> pb.LogicalVolume | None:
+    async def _find_lv(self, lv: LogicalVolumeObject) -> pb.LogicalVolume | None:
         try:
             volumes = await self.lvmd.get_lv_list(lv.device_class)
         except LvmdCallError as e:
@@ -167,7 +167,9 @@ class LogicalVolumeReconciler:
             raise ReconcileError(f"failed to list LVs: {e}") from e
         return next((v for v in volumes if v.name == lv.uid), None)
 
-    async def _set_failure(self, lv: LogicalVolume, code: grpc.StatusCode, message: str) -> None:
+    async def _set_failure(
+        self, lv: LogicalVolumeObject, code: grpc.StatusCode, message: str
+    ) -> None:
         await self._set_status(lv.name, lv.volume_id, code.value[0], message, lv.current_size)
 
     async def _set_status(

@@ -16,12 +16,11 @@ from dataclasses import dataclass
 
 import msgspec
 
+from topolvm import capacity_annotations
 from topolvm.constants import Names
 
 MAX_SCORE = 10
 MIN_SCORE = 1
-INT64_MAX = (1 << 63) - 1
-UINT64_MAX = (1 << 64) - 1
 
 
 class BadRequest(Exception):
@@ -155,39 +154,18 @@ def decode_nodes(raw: msgspec.Raw) -> list[ObjectMeta]:
 # -- capacity rules ----------------------------------------------------------------------------
 
 
-def parse_node_capacity(value: str) -> int | None:
-    """A node annotation as Go's ``strconv.ParseUint(v, 10, 64)`` reads it; ``None`` if invalid."""
-    if not value.isascii() or not value.isdigit():
-        return None
-    n = int(value)
-    return n if n <= UINT64_MAX else None
-
-
 def requested_capacity(pod: KubeObject, names: Names) -> dict[str, int]:
-    """Device class → bytes, from the pod's ``capacity.<plugin>/<dc>`` annotations.
-
-    Upstream silently ignores a value that is not an int64; here such a pod is a bad request, so
-    the mistake is reported (HTTP 400, and kube-scheduler logs the failed extender call).
-    """
+    """Device class → bytes, from the pod's ``capacity.<plugin>/<dc>`` annotations; a value
+    that is not a number of bytes is a bad request (HTTP 400, kube-scheduler logs it)."""
     meta = pod.metadata
     if meta is None or not meta.annotations:
         return {}
-    prefix = names.capacity_prefix
-    out: dict[str, int] = {}
-    for key, value in meta.annotations.items():
-        if not key.startswith(prefix):
-            continue
-        v = value[1:] if value.startswith("+") else value
-        where = f"pod {meta.namespace}/{meta.name} annotation {key}"
-        if v.startswith("-") and v[1:].isascii() and v[1:].isdigit():
-            raise BadRequest(f"{where}: {value!r} is negative; expected a number of bytes")
-        if not v.isascii() or not v.isdigit():
-            raise BadRequest(f"{where}: {value!r} is not an integer number of bytes")
-        n = int(v)
-        if n > INT64_MAX:
-            raise BadRequest(f"{where}: {value!r} is larger than the int64 maximum")
-        out[key[len(prefix) :]] = n
-    return dict(sorted(out.items()))
+    try:
+        return capacity_annotations.decode_pod(
+            names, meta.annotations, f"pod {meta.namespace}/{meta.name}"
+        )
+    except capacity_annotations.BadCapacityAnnotation as e:
+        raise BadRequest(str(e)) from None
 
 
 def capacity_score(capacity: int, divisor: float) -> int:
@@ -283,16 +261,8 @@ def node_score(
 def annotation_lookup(
     annotations: dict[str, str] | None, names: Names
 ) -> Callable[[str], Capacity]:
-    prefix = names.capacity_prefix
-    ann = annotations or {}
-
-    def lookup(dc: str) -> Capacity:
-        raw = ann.get(prefix + dc)
-        if raw is None:
-            return None
-        return parse_node_capacity(raw), raw
-
-    return lookup
+    caps = capacity_annotations.decode_node(names, annotations)
+    return caps.get
 
 
 # -- replies -----------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from typing import Any
 
 import msgspec
 
+from topolvm import capacity_annotations
 from topolvm.constants import Names, names
 from topolvm.scheduler.extender import (
     Capacity,
@@ -36,7 +37,6 @@ from topolvm.scheduler.extender import (
     capacity_score,
     missing_annotation_reason,
     out_of_space_prefix,
-    parse_node_capacity,
     unknown_reason,
 )
 
@@ -315,14 +315,10 @@ class NodeCache:
         name = meta.get("name")
         if not isinstance(name, str) or not name:
             return False
-        prefix = self.names.capacity_prefix
-        caps: dict[str, tuple[int | None, str]] = {}
         annotations = meta.get("annotations")
-        if isinstance(annotations, Mapping):
-            for key, value in annotations.items():
-                if isinstance(key, str) and key.startswith(prefix):
-                    raw = value if isinstance(value, str) else str(value)
-                    caps[key[len(prefix) :]] = (parse_node_capacity(raw), raw)
+        caps = capacity_annotations.decode_node(
+            self.names, annotations if isinstance(annotations, Mapping) else None
+        )
         old = self._entries.get(name)
         if old is not None and old.capacities == caps:  # most updates: only refresh the time
             del self._entries[old.name]

@@ -1,0 +1,1 @@
+"""topolvm-controller: CSI Controller service, pod webhook, node/PVC/LogicalVolume controllers."""

@@ -1,0 +1,198 @@
+"""One error tree for every gRPC boundary (lvmd, CSI node, CSI controller).
+
+Code raises a :class:`StatusError` subclass named after the gRPC code it ends the call with;
+:func:`rpc` turns it into that status, logs the call with its context and timing, and counts it
+in ``grpc_server_handled_total`` / ``grpc_server_handling_seconds`` (the names of
+go-grpc-prometheus, so existing dashboards work) when the servicer has ``grpc_metrics``.
+Errors of other layers (LVM, mount, lvmd client) are mapped by a ``translate`` function the
+service passes in; anything else is ``INTERNAL`` and logged with its traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar, cast
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+log = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+class StatusError(Exception):
+    """Ends an RPC with ``code`` and ``message``; subclasses fix the code."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None):
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+
+class InvalidArgument(StatusError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(StatusError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExists(StatusError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class ResourceExhausted(StatusError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class FailedPrecondition(StatusError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class OutOfRange(StatusError):
+    code = grpc.StatusCode.OUT_OF_RANGE
+
+
+class Aborted(StatusError):
+    code = grpc.StatusCode.ABORTED
+
+
+class Unimplemented(StatusError):
+    code = grpc.StatusCode.UNIMPLEMENTED
+
+
+class Unavailable(StatusError):
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class DeadlineExceeded(StatusError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class Internal(StatusError):
+    code = grpc.StatusCode.INTERNAL
+
+
+_BY_CODE: dict[grpc.StatusCode, type[StatusError]] = {
+    cls.code: cls
+    for cls in (InvalidArgument, NotFound, AlreadyExists, ResourceExhausted, FailedPrecondition,
+                OutOfRange, Aborted, Unimplemented, Unavailable, DeadlineExceeded, Internal)
+}  # fmt: skip
+_BY_VALUE: dict[int, grpc.StatusCode] = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def code_from_int(value: int) -> grpc.StatusCode:
+    """The status code with number ``value`` (as stored in ``LogicalVolume.status.code``);
+    unknown numbers are ``UNKNOWN``."""
+    return _BY_VALUE.get(value, grpc.StatusCode.UNKNOWN)
+
+
+def from_code(code: grpc.StatusCode | int, message: str) -> StatusError:
+    """The error that ends a call with ``code`` (the subclass for it where there is one)."""
+    if isinstance(code, int):
+        code = code_from_int(code)
+    cls = _BY_CODE.get(code)
+    return cls(message) if cls is not None else StatusError(message, code)
+
+
+Translate = Callable[[Exception], StatusError | None]
+"""Maps an error of another layer to a status; None leaves it to the INTERNAL fallback."""
+
+Describe = Callable[[Any], Mapping[str, Any]]
+"""Log context of a request (ids, names, paths): what a reader needs to find the call."""
+
+
+class GrpcMetrics:
+    """Call counts and latencies of one server, in ``registry``. A servicer opts in by setting
+    ``self.grpc_metrics``; :func:`rpc` records every call of its methods there."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.handled = Counter(
+            "grpc_server_handled_total",
+            "gRPC calls completed by the server, by service, method and status code.",
+            ["grpc_service", "grpc_method", "grpc_code"],
+            registry=registry,
+        )
+        self.handling = Histogram(
+            "grpc_server_handling_seconds",
+            "Time to complete a gRPC call, by service and method.",
+            ["grpc_service", "grpc_method"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            registry=registry,
+        )
+
+    def observe(self, service: str, method: str, code: grpc.StatusCode, secs: float) -> None:
+        self.handled.labels(service, method, code.name).inc()
+        self.handling.labels(service, method).observe(secs)
+
+
+def fields_of(request: Any, fields: Mapping[str, str]) -> dict[str, Any]:
+    """``{log key: value}`` for each request field in ``fields`` (field → key) that is set."""
+    out: dict[str, Any] = {}
+    for field, key in fields.items():
+        value = getattr(request, field, None)
+        if value not in (None, "", 0):
+            out[key] = value
+    return out
+
+
+def rpc(service: str, describe: Describe, translate: Translate | None = None) -> Callable[[F], F]:
+    """Decorator for the methods of a gRPC servicer (see the module docstring)."""
+
+    def decorate(fn: F) -> F:
+        method = fn.__name__
+
+        @functools.wraps(fn)
+        async def wrapper(
+            self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> Any:
+            started = time.monotonic()
+            ctx = {"rpc": method, **describe(request)}
+            try:
+                result = await fn(self, request, context)
+            except StatusError as e:
+                error = e
+            except asyncio.CancelledError:
+                log.info("rpc cancelled", extra={**ctx, "secs": _since(started)})
+                _observe(self, service, method, grpc.StatusCode.CANCELLED, started)
+                raise
+            except Exception as e:
+                mapped = translate(e) if translate is not None else None
+                if mapped is None:
+                    log.exception("rpc failed unexpectedly", extra=ctx)
+                    mapped = Internal(f"{type(e).__name__}: {e}")
+                error = mapped
+            else:
+                log.info("rpc ok", extra={**ctx, "code": "OK", "secs": _since(started)})
+                _observe(self, service, method, grpc.StatusCode.OK, started)
+                return result
+            level = logging.ERROR if error.code is grpc.StatusCode.INTERNAL else logging.WARNING
+            extra = {**ctx, "code": error.code.name, "secs": _since(started)}
+            log.log(level, f"rpc failed: {error.message}", extra=extra)
+            _observe(self, service, method, error.code, started)
+            await context.abort(error.code, error.message)
+            raise AssertionError("unreachable")  # context.abort raises
+
+        return cast(F, wrapper)
+
+    return decorate
+
+
+def _since(started: float) -> float:
+    return round(time.monotonic() - started, 4)
+
+
+def _observe(
+    servicer: Any, service: str, method: str, code: grpc.StatusCode, started: float
+) -> None:
+    metrics = getattr(servicer, "grpc_metrics", None)
+    if isinstance(metrics, GrpcMetrics):
+        metrics.observe(service, method, code, time.monotonic() - started)

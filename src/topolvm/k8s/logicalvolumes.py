@@ -1,0 +1,258 @@
+"""Access to LogicalVolume objects for the controller and the node (spec §5.1): create and
+wait for the node's answer, find by volume id through an index, raise ``spec.size``, delete and
+wait until gone. Reads go to the informer cache first and to the API when the cache has not seen
+an object yet; writes go through ``k8s.api``'s helpers only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from lightkube import ApiError, AsyncClient
+
+from topolvm.constants import Names
+from topolvm.k8s import api
+from topolvm.k8s.logicalvolume import LogicalVolumeObject, format_quantity
+from topolvm.k8s.runtime import Informer
+
+log = logging.getLogger(__name__)
+
+POLL_FIRST = 1.0  # upstream polls 1 s, doubling to 10 s; informer events wake us earlier
+POLL_MAX = 10.0
+
+
+@dataclass(frozen=True)
+class VolumeRequest:
+    """What the controller asks a node to create (the object's ``spec``)."""
+
+    name: str
+    node_name: str
+    size: int
+    device_class: str = ""
+    lvcreate_option_class: str = ""
+    source: str = ""
+    access_type: str = ""
+
+    def spec(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "nodeName": self.node_name,
+                               "size": format_quantity(self.size)}  # fmt: skip
+        for key, value in (("deviceClass", self.device_class),
+                           ("lvcreateOptionClass", self.lvcreate_option_class),
+                           ("source", self.source), ("accessType", self.access_type)):  # fmt: skip
+            if value:
+                out[key] = value
+        return out
+
+    def compatible(self, lv: LogicalVolumeObject) -> bool:
+        """Upstream's rule for a retried create: same name, source and size."""
+        return lv.name == self.name and lv.source == self.source and lv.size == self.size
+
+
+class IncompatibleVolume(Exception):
+    """An object of that name exists with another size or source."""
+
+
+class VolumeFailed(Exception):
+    """The node reported a failure in ``status.code`` (a gRPC code) and ``status.message``."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class AmbiguousVolumeId(Exception):
+    """More than one LogicalVolume carries the same ``status.volumeID``."""
+
+
+def requested_at_now() -> str:
+    """``<p>/resize-requested-at`` as upstream writes it (Go's ``time.Time.String()``)."""
+    now = datetime.now(UTC)
+    return now.strftime("%Y-%m-%d %H:%M:%S.%f000 +0000 UTC")
+
+
+class LogicalVolumeStore:
+    def __init__(self, client: AsyncClient, names: Names, informer: Informer):
+        self.client = client
+        self.names = names
+        self.informer = informer
+        self.resource = api.logicalvolume_resource(names)
+        self._by_volume_id: dict[str, set[str]] = {}
+        self._volume_id_of: dict[str, str] = {}
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+        informer.add_handler(self._on_event)
+
+    # -- index and wake-ups --------------------------------------------------------------
+
+    def _on_event(self, event: str, obj: api.Obj) -> None:
+        name = str(obj["metadata"]["name"])
+        old = self._volume_id_of.pop(name, "")
+        if old:
+            self._by_volume_id.get(old, set()).discard(name)
+        vid = str((obj.get("status") or {}).get("volumeID") or "")
+        if event != "DELETED" and vid:
+            self._volume_id_of[name] = vid
+            self._by_volume_id.setdefault(vid, set()).add(name)
+        for waiter in self._waiters.get(name, ()):
+            waiter.set()
+
+    async def _wait_change(self, name: str, timeout: float) -> None:
+        event = asyncio.Event()
+        self._waiters.setdefault(name, set()).add(event)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout)
+        finally:
+            waiters = self._waiters.get(name)
+            if waiters is not None:
+                waiters.discard(event)
+                if not waiters:
+                    del self._waiters[name]
+
+    async def _synced(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.informer.synced.wait(), 10)
+
+    # -- reads ---------------------------------------------------------------------------
+
+    async def get(self, name: str, *, fresh: bool = False) -> LogicalVolumeObject | None:
+        """By object name: the cache, then the API (or the API only when ``fresh``)."""
+        obj = None if fresh else self.informer.get(name)
+        if obj is None:
+            obj = await api.get(self.client, self.resource, name)
+        return None if obj is None else LogicalVolumeObject.from_dict(obj)
+
+    async def find_by_volume_id(self, volume_id: str) -> LogicalVolumeObject | None:
+        """By ``status.volumeID`` (= LV name = CSI volume id): the index, then a full list."""
+        await self._synced()
+        names = sorted(self._by_volume_id.get(volume_id, ()))
+        objs = [o for o in (self.informer.get(n) for n in names) if o is not None]
+        if not objs:  # the cache may lag behind a status update that just happened
+            items, _ = await api.list_all(self.client, self.resource)
+            objs = [o for o in items if (o.get("status") or {}).get("volumeID") == volume_id]
+        if len(objs) > 1:
+            found = ", ".join(str(o["metadata"]["name"]) for o in objs)
+            raise AmbiguousVolumeId(f"volume id {volume_id} is claimed by {found}")
+        return LogicalVolumeObject.from_dict(objs[0]) if objs else None
+
+    async def device_class_of(self, volume_id: str) -> str | None:
+        lv = await self.find_by_volume_id(volume_id)
+        return None if lv is None else lv.device_class
+
+    def on_node(self, node_name: str) -> list[LogicalVolumeObject]:
+        return [
+            LogicalVolumeObject.from_dict(o)
+            for o in self.informer.values()
+            if (o.get("spec") or {}).get("nodeName") == node_name
+        ]
+
+    def cached(self) -> list[LogicalVolumeObject]:
+        return [LogicalVolumeObject.from_dict(o) for o in self.informer.values()]
+
+    # -- writes and waits ----------------------------------------------------------------
+
+    async def create(self, request: VolumeRequest) -> LogicalVolumeObject:
+        """Create the object, or return the existing one when it is compatible."""
+        existing = await self.get(request.name)
+        if existing is None:
+            body = {"apiVersion": f"{self.names.group}/v1", "kind": "LogicalVolume",
+                    "metadata": {"name": request.name}, "spec": request.spec()}  # fmt: skip
+            try:
+                created = await self.client.create(self.resource.from_dict(body))
+                return LogicalVolumeObject.from_dict(api.to_dict(created))
+            except ApiError as e:
+                if api.code_of(e) != 409:
+                    raise
+            existing = await self.get(request.name, fresh=True)
+            if existing is None:
+                raise IncompatibleVolume(f"LogicalVolume {request.name} is being replaced; retry")
+        if not request.compatible(existing):
+            raise IncompatibleVolume("Incompatible LogicalVolume already exists")
+        return existing
+
+    async def _until(
+        self, name: str, done: Callable[[LogicalVolumeObject | None], Awaitable[bool]]
+    ) -> None:
+        delay = POLL_FIRST
+        while True:
+            lv = await self.get(name, fresh=False)
+            if await done(lv):
+                return
+            await self._wait_change(name, delay)
+            delay = min(delay * 2, POLL_MAX)
+            # an informer that lags must not make us trust a stale cache for long
+            lv = await self.get(name, fresh=True)
+            if await done(lv):
+                return
+
+    async def wait_created(self, name: str) -> LogicalVolumeObject:
+        """Until the node set ``status.volumeID``. A failure code deletes the object and raises
+        :class:`VolumeFailed` with the node's code (ResourceExhausted makes the provisioner
+        choose another node)."""
+        result: list[LogicalVolumeObject] = []
+
+        async def done(lv: LogicalVolumeObject | None) -> bool:
+            if lv is None:
+                raise VolumeFailed(5, f"LogicalVolume {name} was deleted while being created")
+            if lv.code:
+                await self.delete(name)
+                raise VolumeFailed(lv.code, lv.message)
+            if lv.volume_id:
+                result.append(lv)
+                return True
+            return False
+
+        await self._until(name, done)
+        return result[0]
+
+    async def delete(self, name: str) -> None:
+        """Delete by name; an object already gone is fine."""
+        try:
+            await self.client.delete(self.resource, name)
+        except ApiError as e:
+            if not api.is_not_found(e):
+                raise
+
+    async def delete_and_wait(self, name: str) -> None:
+        """Delete and return once the node removed its LV (its finalizer) and the object is gone."""
+        await self.delete(name)
+
+        async def gone(lv: LogicalVolumeObject | None) -> bool:
+            return lv is None
+
+        await self._until(name, gone)
+
+    async def raise_size(self, name: str, size: int) -> LogicalVolumeObject | None:
+        """Set ``spec.size`` (never lower it) and the resize-requested-at annotation."""
+
+        def mutate(obj: api.Obj) -> bool:
+            meta = obj["metadata"]
+            meta.setdefault("annotations", {})[self.names.resize_requested_at] = requested_at_now()
+            obj["spec"]["size"] = format_quantity(size)
+            return True
+
+        stored = await api.modify(self.client, self.resource, name, mutate)
+        return None if stored is None else LogicalVolumeObject.from_dict(stored)
+
+    async def wait_resized(self, name: str, size: int) -> LogicalVolumeObject:
+        """Until ``status.currentSize >= size``; a failure code raises :class:`VolumeFailed`."""
+        result: list[LogicalVolumeObject] = []
+
+        async def done(lv: LogicalVolumeObject | None) -> bool:
+            if lv is None:
+                raise VolumeFailed(5, f"LogicalVolume {name} is not found")
+            if lv.current_size is not None and lv.current_size >= size:
+                result.append(lv)
+                return True
+            if lv.code:
+                raise VolumeFailed(lv.code, lv.message)
+            return False
+
+        await self._until(name, done)
+        return result[0]
