@@ -7,10 +7,11 @@ import asyncio
 import grpc
 import pytest
 
+from topolvm.csi.locks import KeyedLocks
 from topolvm.csi.status import StatusError
 from topolvm.node import condition as c
 from topolvm.node.condition import Condition, InvalidLvAttr, condition_from_attr
-from topolvm.node.csi_node import VolumeLocks, mount_options
+from topolvm.node.csi_node import mount_options
 from topolvm.node.mounter import parse_mountinfo, unescape
 from topolvm.proto import csi_pb2 as csi
 
@@ -154,7 +155,7 @@ def test_mount_options_order() -> None:
 
 
 async def test_volume_locks_serialise_one_volume_only() -> None:
-    locks = VolumeLocks()
+    locks = KeyedLocks()
     order: list[str] = []
 
     async def work(volume: str, tag: str, delay: float) -> None:

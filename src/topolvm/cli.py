@@ -9,12 +9,18 @@ from collections.abc import Sequence
 
 from topolvm import logs
 from topolvm.config.errors import ConfigError
+from topolvm.controller import cli as controller_cli
 from topolvm.lvmd import cli as lvmd_cli
 from topolvm.node import cli as node_cli
 from topolvm.scheduler import cli as scheduler_cli
 
 # Upstream's image symlinks component names to one binary; accept being called that way too.
-_ARGV0_COMMANDS = {"lvmd": "lvmd", "topolvm-node": "node", "topolvm-scheduler": "scheduler"}
+_ARGV0_COMMANDS = {
+    "lvmd": "lvmd",
+    "topolvm-node": "node",
+    "topolvm-scheduler": "scheduler",
+    "topolvm-controller": "controller",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     lvmd_cli.add_parser(sub)
     scheduler_cli.add_parser(sub)
     node_cli.add_parser(sub)
+    controller_cli.add_parser(sub)
     return parser
 
 

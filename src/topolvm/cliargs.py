@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -36,3 +37,47 @@ def positive_seconds(value: str) -> float:
     if not math.isfinite(seconds) or not seconds > 0:
         raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {value!r}")
     return seconds
+
+
+_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+
+
+def go_duration(value: str) -> float:
+    """argparse type for Go-style durations as upstream's flags take them (``15s``, ``1m30s``,
+    ``100ms``, ``1h``); a bare number is seconds. Returns seconds (> 0)."""
+    text = value.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        pos, seconds = 0, 0.0
+        for m in _GO_DURATION.finditer(text):
+            if m.start() != pos:
+                break
+            seconds += float(m.group(1)) * _GO_UNITS[m.group(2)]
+            pos = m.end()
+        if pos != len(text) or not text:
+            raise argparse.ArgumentTypeError(
+                f"not a duration: {value!r} (examples: 15s, 1m30s, 500ms, 1h)"
+            ) from None
+    if not math.isfinite(seconds) or not seconds > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value!r}")
+    return seconds
+
+
+def go_bool(value: str) -> bool:
+    """argparse type for Go boolean flags given a value (``--flag=false``)."""
+    lowered = value.strip().lower()
+    if lowered in ("1", "t", "true", "yes"):
+        return True
+    if lowered in ("0", "f", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {value!r} (true or false)")
+
+
+def add_bool_flag(parser: argparse.ArgumentParser, flag: str, default: bool, help: str) -> None:
+    """``--flag`` (true), ``--flag=true|false`` as Go's flag package takes booleans."""
+    parser.add_argument(
+        flag, type=go_bool, nargs="?", const=True, default=default, metavar="BOOL",
+        help=f"{help} (default {str(default).lower()})",
+    )  # fmt: skip

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
+
+log = logging.getLogger(__name__)
 
 
 class CommandTimedOut(Exception):
@@ -57,3 +60,12 @@ async def until_terminated() -> None:
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+async def bounded(what: str, step: Awaitable[None], timeout: float = 15.0) -> None:
+    """Await a shutdown ``step`` for at most ``timeout`` seconds: one stuck part must not keep
+    the process alive (Kubernetes restarts a stuck pod only once it exits)."""
+    try:
+        await asyncio.wait_for(step, timeout)
+    except TimeoutError:
+        log.error(f"shutdown: {what} did not stop within {timeout}s; going on")

@@ -10,8 +10,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
+from lightkube import AsyncClient
+from lightkube.resources.storage_v1 import CSIDriver
 
 from topolvm.constants import Names
+from topolvm.k8s import api
 from topolvm.proto import csi_pb2 as csi
 from topolvm.proto import csi_pb2_grpc as csi_grpc
 
@@ -84,6 +87,8 @@ class ReadinessChecker:
 
 
 class IdentityService(csi_grpc.IdentityServicer):
+    grpc_metrics: object = None  # a csi.status.GrpcMetrics to count calls in
+
     def __init__(
         self,
         names: Names,
@@ -131,3 +136,13 @@ class IdentityService(csi_grpc.IdentityServicer):
         resp = csi.ProbeResponse()
         resp.ready.value = self.checker.ready
         return resp
+
+
+def csidriver_check(client: AsyncClient, names: Names) -> Check:
+    """Readiness check of node and controller: the ``CSIDriver`` object can be read."""
+
+    async def check() -> None:
+        if await api.get(client, CSIDriver, names.plugin) is None:
+            raise RuntimeError(f"CSIDriver {names.plugin} not found")
+
+    return check

@@ -11,13 +11,12 @@ import grpc
 from aiohttp import web
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node
-from lightkube.resources.storage_v1 import CSIDriver
 from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
 from topolvm.config.lvmd import LvmdConfig
 from topolvm.constants import Names
-from topolvm.csi.identity import IdentityService
+from topolvm.csi.identity import IdentityService, csidriver_check
 from topolvm.csi.server import SocketError, start_unix_server, stop_unix_server
 from topolvm.csi.status import GrpcMetrics
 from topolvm.k8s import api
@@ -29,7 +28,7 @@ from topolvm.node.csi_node import NodeService
 from topolvm.node.exporter import CapacityExporter, NodeMetrics
 from topolvm.node.lvmd_client import EmbeddedLvmd, LvmdClient, SocketLvmd
 from topolvm.node.reconciler import LogicalVolumeReconciler
-from topolvm.process import until_terminated
+from topolvm.process import bounded, until_terminated
 from topolvm.proto import csi_pb2_grpc as csi_grpc
 
 log = logging.getLogger("topolvm.node")
@@ -50,6 +49,7 @@ class NodeOptions:
     resync: float = 600.0
     probe_interval: float = 60.0
     workers: int = 4
+    advertise_capacity_resource: bool = True
     lvmd_options: Options = field(default_factory=Options)
 
 
@@ -78,12 +78,17 @@ class TopolvmNode:
         self.reconciler.watch(self.informer, self.controller)
         self.metrics = NodeMetrics(self.registry, options.node_name)
         self.exporter = CapacityExporter(
-            client, self.names, options.node_name, self.lvmd, self.metrics
+            client,
+            self.names,
+            options.node_name,
+            self.lvmd,
+            self.metrics,
+            advertise_resource=options.advertise_capacity_resource,
         )
         checks: list[Callable[[], Awaitable[None]]] = []
         if self._embedded is None:
             checks.append(self.lvmd.check_health)
-        checks.append(self._check_csidriver)
+        checks.append(csidriver_check(client, self.names))
         self.identity = IdentityService(self.names, checks, interval=options.probe_interval)
         self.volumes = LogicalVolumeStore(client, self.names, self.informer)
         self.node_service = NodeService(options.node_name, self.names, self.lvmd, self.volumes)
@@ -91,11 +96,6 @@ class TopolvmNode:
         self._tasks: list[asyncio.Task[None]] = []
         self._server: grpc.aio.Server | None = None
         self._metrics_runner: web.AppRunner | None = None
-
-    async def _check_csidriver(self) -> None:
-        obj = await api.get(self.client, CSIDriver, self.names.plugin)
-        if obj is None:
-            raise RuntimeError(f"CSIDriver {self.names.plugin} not found")
 
     async def check_api(self) -> None:
         """Fail fast, with a clear message, when the API or this node's Node object is missing."""
@@ -143,6 +143,7 @@ class TopolvmNode:
                 "csi_socket": self.options.csi_socket,
                 "embedded_lvmd": self._embedded is not None,
                 "plugin": self.names.plugin,
+                "advertise_capacity_resource": self.options.advertise_capacity_resource,
             },
         )
 
@@ -151,33 +152,21 @@ class TopolvmNode:
         process alive (kubelet restarts a stuck node plugin only once it exits)."""
         if self._server is not None:
             server = self._server
-            await _bounded(
-                "CSI server", stop_unix_server(server, self.options.csi_socket, grace=10)
-            )
-        await _bounded("readiness checker", self.identity.stop())
+            await bounded("CSI server", stop_unix_server(server, self.options.csi_socket, grace=10))
+        await bounded("readiness checker", self.identity.stop())
         for task in self._tasks:
             task.cancel()
         if self._tasks:
-            _, pending = await asyncio.wait(self._tasks, timeout=STEP_TIMEOUT)
+            _, pending = await asyncio.wait(self._tasks, timeout=15.0)
             for task in pending:  # e.g. an LVM command lvmd lets finish: stop waiting for it
                 log.warning(
                     "task did not stop in time; cancelling again", extra={"task": task.get_name()}
                 )
                 task.cancel()
         if self._metrics_runner is not None:
-            await _bounded("metrics server", self._metrics_runner.cleanup())
-        await _bounded("lvmd client", self.lvmd.close())
+            await bounded("metrics server", self._metrics_runner.cleanup())
+        await bounded("lvmd client", self.lvmd.close())
         log.info("topolvm-node stopped")
-
-
-STEP_TIMEOUT = 15.0
-
-
-async def _bounded(what: str, step: Awaitable[None]) -> None:
-    try:
-        await asyncio.wait_for(step, STEP_TIMEOUT)
-    except TimeoutError:
-        log.error(f"shutdown: {what} did not stop within {STEP_TIMEOUT}s; going on")
 
 
 async def serve(client: AsyncClient, options: NodeOptions) -> None:

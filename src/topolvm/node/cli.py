@@ -8,7 +8,7 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from topolvm.cliargs import bind_address, positive_seconds
+from topolvm.cliargs import add_bool_flag, bind_address, positive_seconds
 from topolvm.config.errors import ConfigError
 from topolvm.constants import DEFAULT_CSI_SOCKET, DEFAULT_LVMD_SOCKET, legacy_from_env, names
 from topolvm.k8s.api import KubeError, make_client
@@ -68,6 +68,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=600.0,
         help="seconds between full re-lists of LogicalVolumes (default 600)",
     )
+    add_bool_flag(
+        p,
+        "--advertise-capacity-resource",
+        True,
+        "advertise the pod webhook's marker resource <plugin>/capacity on this Node, so pods "
+        "carrying it schedule without the scheduler extender; =false removes it",
+    )
     p.set_defaults(run=run)
 
 
@@ -87,6 +94,7 @@ def options_from_args(args: argparse.Namespace) -> NodeOptions:
         embed_lvmd=embed,
         metrics_address=args.metrics_bind_address,
         resync=args.resync_interval,
+        advertise_capacity_resource=args.advertise_capacity_resource,
         lvmd_options=Options(),
     )
 

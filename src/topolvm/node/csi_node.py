@@ -13,13 +13,14 @@ import contextlib
 import logging
 import os
 import stat
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar, cast
 
 import grpc
 
 from topolvm.constants import LEGACY_DEVICE_DIR, Names
 from topolvm.csi import status
+from topolvm.csi.locks import KeyedLocks
 from topolvm.node import mounter
 from topolvm.node.condition import InvalidLvAttr, condition_from_attr
 from topolvm.node.lvmd_client import LvmdCallError, LvmdClient
@@ -62,30 +63,6 @@ def _translate(e: Exception) -> status.StatusError | None:
 def rpc(fn: F) -> F:
     """Map errors to gRPC status codes; log every call with volume, target, code and timing."""
     return status.rpc("csi.v1.Node", lambda r: status.fields_of(r, _LOGGED), _translate)(fn)
-
-
-class VolumeLocks:
-    """One asyncio lock per volume id, dropped when nobody holds or waits for it."""
-
-    def __init__(self) -> None:
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-
-    @contextlib.asynccontextmanager
-    async def hold(self, volume_id: str) -> AsyncIterator[None]:
-        lock, users = self._locks.get(volume_id, (asyncio.Lock(), 0))
-        self._locks[volume_id] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[volume_id]
-            if users <= 1:
-                del self._locks[volume_id]
-            else:
-                self._locks[volume_id] = (lock, users - 1)
-
-    def __len__(self) -> int:
-        return len(self._locks)
 
 
 def mount_options(
@@ -143,7 +120,7 @@ class NodeService(csi_grpc.NodeServicer):
         self.names = names
         self.lvmd = lvmd
         self.volumes = volumes
-        self.locks = VolumeLocks()
+        self.locks = KeyedLocks()
 
     # -- helpers ---------------------------------------------------------------------------
 

@@ -3,7 +3,11 @@
 Every message of lvmd's Watch stream (at start, after each LV change, at least every 10 minutes)
 updates the gauges and merge-patches the Node: the ``<p>/node`` finalizer and one
 ``capacity.<p>/<device-class>`` annotation per class (``00default`` for the default class).
-Once the Node has a deletionTimestamp the exporter stops touching it.
+It also keeps ``<plugin>/capacity`` advertised as an extended resource of the Node (or removed,
+with ``--advertise-capacity-resource=false``; see :mod:`topolvm.node.extresource`): at start
+and on every message, from the Node it has just read, so a count that something removed or
+zeroed comes back with the next capacity refresh. Once the Node has a deletionTimestamp the
+exporter stops touching it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from topolvm import capacity_annotations
 from topolvm.constants import Names
 from topolvm.k8s import api
+from topolvm.node import extresource
 from topolvm.node.lvmd_client import LvmdCallError, LvmdClient
 from topolvm.proto import lvmd_pb2 as pb
 
@@ -83,6 +88,7 @@ class CapacityExporter:
         metrics: NodeMetrics,
         *,
         max_backoff: float = 30.0,
+        advertise_resource: bool = True,
     ):
         self.client = client
         self.names = names
@@ -90,6 +96,7 @@ class CapacityExporter:
         self.lvmd = lvmd
         self.metrics = metrics
         self.max_backoff = max_backoff
+        self.advertise_resource = advertise_resource
         self.updates = 0  # Node patches sent, for diagnostics and tests
         self.stopped = asyncio.Event()  # set once the Node is being deleted
 
@@ -114,10 +121,36 @@ class CapacityExporter:
         patch = {"metadata": {"annotations": node_annotations(self.names, msg)}}
         await api.patch_merge(self.client, Node, self.node_name, patch)
         self.updates += 1
+        await self.sync_resource(node)
         return True
+
+    async def sync_resource(self, node: api.Obj | None = None) -> None:
+        """Advertise (or remove) the extended resource on the Node, as read (``node``) or read
+        now. Best effort: a failure is logged and retried with the next capacity refresh; it
+        never holds up the capacity annotations."""
+        resource = self.names.capacity_resource
+        try:
+            if node is None:
+                node = await api.get(self.client, Node, self.node_name)
+            if node is None or node.get("metadata", {}).get("deletionTimestamp"):
+                return
+            await extresource.sync(
+                self.client, self.node_name, resource, self.advertise_resource, node
+            )
+        except Exception as e:
+            hint = (
+                " (topolvm-node needs RBAC 'patch' on nodes/status)"
+                if api.code_of(e) == 403
+                else ""
+            )
+            log.warning(
+                f"cannot update extended resource {resource} on the Node: {api.describe(e)}{hint}",
+                extra={"node": self.node_name, "advertise": self.advertise_resource},
+            )
 
     async def run(self) -> None:
         """Follow lvmd's Watch stream until cancelled or the Node is deleted; reconnects."""
+        await self.sync_resource()  # at once, even while lvmd is not reachable yet
         failures = 0
         while True:
             try:

@@ -1,0 +1,396 @@
+"""CSI Controller service of topolvm-controller (spec §6.2).
+
+A volume is a LogicalVolume object: CreateVolume writes one for the chosen node and waits for
+the node's answer in its status; its ``status.volumeID`` (the object's UID, also the LV name) is
+the CSI volume and snapshot id. Unlike upstream, a node chosen by the scheduler is checked
+against its free space minus the volumes in flight there (:mod:`.inflight`), so two volumes are
+never promised the same bytes: the answer is RESOURCE_EXHAUSTED, and csi-provisioner asks
+kube-scheduler for another node.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import grpc
+from lightkube import ApiError
+
+from topolvm import capacity_annotations
+from topolvm.constants import Names
+from topolvm.controller.inflight import InFlight
+from topolvm.controller.metrics import ControllerMetrics
+from topolvm.controller.sizing import (
+    MinimumAllocations,
+    SizingError,
+    largest,
+    node_from_topology,
+    volume_size,
+)
+from topolvm.csi import status
+from topolvm.csi.locks import KeyedLocks
+from topolvm.k8s import api
+from topolvm.k8s.logicalvolume import LogicalVolumeObject
+from topolvm.k8s.logicalvolumes import (
+    AmbiguousVolumeId,
+    IncompatibleVolume,
+    LogicalVolumeStore,
+    VolumeFailed,
+    VolumeRequest,
+)
+from topolvm.proto import csi_pb2 as csi
+from topolvm.proto import csi_pb2_grpc as csi_grpc
+
+log = logging.getLogger(__name__)
+
+Ctx = grpc.aio.ServicerContext[Any, Any]
+RpcCap = csi.ControllerServiceCapability.RPC
+CAPABILITIES = (RpcCap.CREATE_DELETE_VOLUME, RpcCap.CLONE_VOLUME, RpcCap.GET_CAPACITY,
+                RpcCap.EXPAND_VOLUME, RpcCap.CREATE_DELETE_SNAPSHOT)  # fmt: skip
+SINGLE_NODE_WRITER = csi.VolumeCapability.AccessMode.SINGLE_NODE_WRITER
+
+
+class NodeView(Protocol):
+    """The controller's view of Nodes (an informer cache)."""
+
+    def annotations(self, node: str) -> Mapping[str, str] | None:
+        """The Node's annotations; None if there is no such Node."""
+
+    def by_topology(self, key: str, value: str) -> str | None:
+        """Name of the Node whose label ``key`` is ``value``."""
+
+    def names(self) -> list[str]: ...
+
+
+_LOGGED = {"name": "volume", "volume_id": "volume_id", "source_volume_id": "source",
+           "snapshot_id": "snapshot_id"}  # fmt: skip
+
+
+def _translate(e: Exception) -> status.StatusError | None:
+    if isinstance(e, SizingError):
+        return status.InvalidArgument(str(e))
+    if isinstance(e, IncompatibleVolume):
+        return status.AlreadyExists(str(e))
+    if isinstance(e, VolumeFailed):
+        return status.from_code(e.code, e.message)
+    if isinstance(e, AmbiguousVolumeId):
+        return status.Internal(str(e))
+    if isinstance(e, ApiError):
+        return status.Internal(f"Kubernetes API: {api.describe(e)}")
+    return None
+
+
+def rpc(fn: Any) -> Any:
+    return status.rpc("csi.v1.Controller", lambda r: status.fields_of(r, _LOGGED), _translate)(fn)
+
+
+def _capacity_range(request: Any) -> tuple[int, int]:
+    if not request.HasField("capacity_range"):
+        return 0, 0
+    return request.capacity_range.required_bytes, request.capacity_range.limit_bytes
+
+
+class ControllerService(csi_grpc.ControllerServicer):
+    grpc_metrics: status.GrpcMetrics | None = None
+
+    def __init__(
+        self,
+        names: Names,
+        store: LogicalVolumeStore,
+        nodes: NodeView,
+        metrics: ControllerMetrics,
+        minimums: MinimumAllocations | None = None,
+        inflight: InFlight | None = None,
+    ):
+        self.names = names
+        self.store = store
+        self.nodes = nodes
+        self.metrics = metrics
+        self.minimums = minimums or MinimumAllocations()
+        self.inflight = inflight or InFlight()
+        self.name_locks = KeyedLocks()
+        self.id_locks = KeyedLocks()
+
+    # -- capacity --------------------------------------------------------------------------
+
+    def _annotation(self, node: str, device_class: str) -> str | None:
+        ann = self.nodes.annotations(node) or {}
+        return ann.get(self.names.capacity_annotation(device_class))
+
+    def free_bytes(self, node: str, device_class: str) -> int:
+        """The node's annotated free bytes minus what volumes in flight there have taken."""
+        free = capacity_annotations.node_free(
+            self.names, self.nodes.annotations(node), device_class
+        )
+        creating = [
+            (lv.name, lv.size)
+            for lv in self.store.on_node(node)
+            if lv.device_class == device_class and not lv.volume_id and not lv.code
+        ]
+        return max(0, free - self.inflight.taken(node, device_class, creating))
+
+    def node_changed(self, node: str) -> None:
+        """Called on every new version of a Node: reservations it now shows end."""
+        self.inflight.observe(node, lambda dc: self._annotation(node, dc))
+        self._export_in_flight()
+
+    def _export_in_flight(self) -> None:
+        self.metrics.in_flight_bytes.clear()
+        for (node, dc), size in self.inflight.totals().items():
+            self.metrics.in_flight_bytes.labels(node, capacity_annotations.class_key(dc)).set(size)
+
+    @rpc
+    async def GetCapacity(self, request: csi.GetCapacityRequest, context: Ctx) -> Any:
+        dc = request.parameters.get(self.names.device_class_param, "")
+        if not request.HasField("accessible_topology"):
+            total = sum(self.free_bytes(n, dc) for n in self.nodes.names())
+            return csi.GetCapacityResponse(available_capacity=total)
+        value = request.accessible_topology.segments.get(self.names.topology_key)
+        node = self.nodes.by_topology(self.names.topology_key, value) if value else None
+        free = self.free_bytes(node, dc) if node else 0
+        return csi.GetCapacityResponse(available_capacity=free)
+
+    # -- volumes ---------------------------------------------------------------------------
+
+    def _check_capabilities(self, caps: Any) -> tuple[bool, str]:
+        """(block?, fs type) of the first capability, after checking every one."""
+        if not caps:
+            raise status.InvalidArgument("no volume capabilities are provided")
+        for cap in caps:
+            if cap.WhichOneof("access_type") not in ("block", "mount"):
+                raise status.InvalidArgument("unknown or empty access_type")
+            if cap.HasField("access_mode") and cap.access_mode.mode != SINGLE_NODE_WRITER:
+                mode = csi.VolumeCapability.AccessMode.Mode.Name(cap.access_mode.mode)
+                raise status.InvalidArgument(f"unsupported access mode: {mode}")
+        first = caps[0]
+        block = first.WhichOneof("access_type") == "block"
+        return block, "" if block else first.mount.fs_type
+
+    @rpc
+    async def CreateVolume(self, request: csi.CreateVolumeRequest, context: Ctx) -> Any:
+        if not request.name:
+            raise status.InvalidArgument("invalid name: a volume name is required")
+        block, fs_type = self._check_capabilities(request.volume_capabilities)
+        required, limit = _capacity_range(request)
+        required = max(required, self.minimums.for_volume(block=block, fs_type=fs_type))
+        size = volume_size(required, limit)
+        name = request.name.lower()
+        async with self.name_locks.hold(name):
+            return await self._create_volume(request, name, size)
+
+    async def _create_volume(self, request: csi.CreateVolumeRequest, name: str, size: int) -> Any:
+        dc = request.parameters.get(self.names.device_class_param, "")
+        option_class = request.parameters.get(self.names.lvcreate_option_class_param, "")
+        reqs = request.accessibility_requirements
+        has_reqs = request.HasField("accessibility_requirements")
+        preferred = [dict(t.segments) for t in reqs.preferred]
+        requisite = [dict(t.segments) for t in reqs.requisite]
+        source, access = "", ""
+        if request.HasField("volume_content_source"):
+            src = await self._content_source(request.volume_content_source)
+            if size < (src.current_size or src.size):
+                raise status.OutOfRange(
+                    f"requested size {size} is smaller than the source ({src.current_size})"
+                )
+            if dc != src.device_class:
+                raise status.InvalidArgument(
+                    f"device class {dc!r} differs from the source's {src.device_class!r}: "
+                    "snapshots and clones stay in their source's device class"
+                )
+            node = src.node_name
+            if has_reqs and not any(
+                s.get(self.names.topology_key) == node for s in [*preferred, *requisite]
+            ):
+                raise status.InvalidArgument(
+                    f"the source is on node {node}, which the accessibility requirements exclude"
+                )
+            source, access = src.name, "rw"
+        elif not has_reqs:
+            best = largest({n: self.free_bytes(n, dc) for n in self.nodes.names()})
+            if best is None:
+                raise status.Internal("can not find any node")
+            node, free = best
+            if free < size and await self.store.get(name) is None:
+                self.metrics.capacity_rejections.labels(capacity_annotations.class_key(dc)).inc()
+                raise status.ResourceExhausted(
+                    f"no node has {size} bytes free in device class {dc!r} (largest: {free})"
+                )
+        else:
+            found = node_from_topology(preferred, requisite, self.names.topology_key)
+            if found is None:
+                raise status.InvalidArgument(
+                    f"cannot find a node in the accessibility requirements "
+                    f"(no segment has {self.names.topology_key})"
+                )
+            node = found
+            existing = await self.store.get(name)
+            free = self.free_bytes(node, dc)
+            if existing is None and free < size:
+                self.metrics.capacity_rejections.labels(capacity_annotations.class_key(dc)).inc()
+                raise status.ResourceExhausted(
+                    f"node {node} has {free} bytes free in device class {dc!r} after volumes in "
+                    f"flight; {size} requested"
+                )
+        lv = await self._create_and_wait(
+            VolumeRequest(name, node, size, dc, option_class, source, access)
+        )
+        volume = csi.Volume(
+            capacity_bytes=lv.current_size or lv.size,
+            volume_id=lv.volume_id,
+            accessible_topology=[csi.Topology(segments={self.names.topology_key: node})],
+        )
+        if request.HasField("volume_content_source"):
+            volume.content_source.CopyFrom(request.volume_content_source)
+        return csi.CreateVolumeResponse(volume=volume)
+
+    async def _content_source(self, source: csi.VolumeContentSource) -> LogicalVolumeObject:
+        kind = source.WhichOneof("type")
+        source_id = source.snapshot.snapshot_id if kind == "snapshot" else source.volume.volume_id
+        what = "snapshot" if kind == "snapshot" else "volume"
+        if kind not in ("snapshot", "volume"):
+            raise status.InvalidArgument("unknown volume content source")
+        if not source_id:
+            raise status.NotFound(f"source {what} id is empty")
+        lv = await self.store.find_by_volume_id(source_id)
+        if lv is None:
+            raise status.NotFound(f"failed to find source {what}: {source_id}")
+        return lv
+
+    async def _create_and_wait(self, req: VolumeRequest) -> LogicalVolumeObject:
+        self.inflight.reserve(
+            req.name, req.node_name, req.device_class, req.size,
+            self._annotation(req.node_name, req.device_class),
+        )  # fmt: skip
+        self._export_in_flight()
+        try:
+            await self.store.create(req)
+            lv = await self.store.wait_created(req.name)
+        except BaseException:
+            self.inflight.release(req.name)
+            self._export_in_flight()
+            raise
+        self.inflight.settle(req.name, self._annotation(req.node_name, req.device_class))
+        self._export_in_flight()
+        return lv
+
+    async def _delete(self, volume_id: str) -> None:
+        lv = await self.store.find_by_volume_id(volume_id)
+        if lv is None:
+            return  # already gone: success, as the CSI spec asks
+        await self.store.delete_and_wait(lv.name)
+        self.inflight.release(lv.name)
+        self._export_in_flight()
+
+    @rpc
+    async def DeleteVolume(self, request: csi.DeleteVolumeRequest, context: Ctx) -> Any:
+        if not request.volume_id:
+            raise status.InvalidArgument("volume_id is required")
+        async with self.id_locks.hold(request.volume_id):
+            await self._delete(request.volume_id)
+        return csi.DeleteVolumeResponse()
+
+    @rpc
+    async def ControllerExpandVolume(
+        self, request: csi.ControllerExpandVolumeRequest, context: Ctx
+    ) -> Any:
+        if not request.volume_id:
+            raise status.InvalidArgument("volume_id is required")
+        async with self.id_locks.hold(request.volume_id):
+            lv = await self.store.find_by_volume_id(request.volume_id)
+            if lv is None:
+                raise status.NotFound(f"volume {request.volume_id} is not found")
+            size = volume_size(*_capacity_range(request))
+            node_expansion = request.volume_capability.WhichOneof("access_type") == "mount"
+            current = lv.current_size if lv.current_size is not None else lv.size
+            if size <= current:
+                return csi.ControllerExpandVolumeResponse(
+                    capacity_bytes=current, node_expansion_required=node_expansion
+                )
+            free = self.free_bytes(lv.node_name, lv.device_class)
+            if free < size - current:
+                raise status.Internal(
+                    f"not enough space on node {lv.node_name}: {free} bytes free in device "
+                    f"class {lv.device_class!r}, {size - current} more requested"
+                )
+            if await self.store.raise_size(lv.name, size) is None:
+                raise status.NotFound(f"volume {request.volume_id} is not found")
+            lv = await self.store.wait_resized(lv.name, size)
+            return csi.ControllerExpandVolumeResponse(
+                capacity_bytes=lv.current_size or size, node_expansion_required=node_expansion
+            )
+
+    @rpc
+    async def ValidateVolumeCapabilities(
+        self, request: csi.ValidateVolumeCapabilitiesRequest, context: Ctx
+    ) -> Any:
+        if not request.volume_id:
+            raise status.InvalidArgument("volume_id is required")
+        if not request.volume_capabilities:
+            raise status.InvalidArgument("volume_capabilities are required")
+        async with self.id_locks.hold(request.volume_id):
+            if await self.store.find_by_volume_id(request.volume_id) is None:
+                raise status.NotFound(f"volume {request.volume_id} is not found")
+        confirmed = csi.ValidateVolumeCapabilitiesResponse.Confirmed(
+            volume_context=request.volume_context,
+            volume_capabilities=request.volume_capabilities,
+            parameters=request.parameters,
+        )
+        return csi.ValidateVolumeCapabilitiesResponse(confirmed=confirmed)
+
+    @rpc
+    async def ControllerGetCapabilities(
+        self, request: csi.ControllerGetCapabilitiesRequest, context: Ctx
+    ) -> Any:
+        cap = csi.ControllerServiceCapability
+        return csi.ControllerGetCapabilitiesResponse(
+            capabilities=[cap(rpc=cap.RPC(type=t)) for t in CAPABILITIES]
+        )
+
+    # -- snapshots -------------------------------------------------------------------------
+
+    @rpc
+    async def CreateSnapshot(self, request: csi.CreateSnapshotRequest, context: Ctx) -> Any:
+        if not request.source_volume_id:
+            raise status.InvalidArgument("source_volume_id is required")
+        if not request.name:
+            raise status.InvalidArgument("name is required")
+        name = request.name.lower()
+        async with self.name_locks.hold(name):
+            src = await self.store.find_by_volume_id(request.source_volume_id)
+            if src is None:
+                raise status.NotFound(f"source volume {request.source_volume_id} is not found")
+            size = src.current_size or src.size
+            req = VolumeRequest(name, src.node_name, size, src.device_class, "", src.name, "ro")
+            await self.store.create(req)
+            lv = await self.store.wait_created(name)
+        snapshot = csi.Snapshot(
+            size_bytes=lv.current_size or size,
+            snapshot_id=lv.volume_id,
+            source_volume_id=request.source_volume_id,
+            ready_to_use=True,
+        )
+        snapshot.creation_time.GetCurrentTime()
+        snapshot.creation_time.nanos = 0
+        return csi.CreateSnapshotResponse(snapshot=snapshot)
+
+    @rpc
+    async def DeleteSnapshot(self, request: csi.DeleteSnapshotRequest, context: Ctx) -> Any:
+        if not request.snapshot_id:
+            raise status.InvalidArgument("snapshot_id is required")
+        async with self.id_locks.hold(request.snapshot_id):
+            await self._delete(request.snapshot_id)
+        return csi.DeleteSnapshotResponse()
+
+    # -- not offered (not in ControllerGetCapabilities) ------------------------------------
+
+    async def _unimplemented(self, request: Any, context: Ctx) -> Any:
+        raise status.Unimplemented("not implemented by topolvm-controller")
+
+    ControllerPublishVolume = rpc(_unimplemented)
+    ControllerUnpublishVolume = rpc(_unimplemented)
+    ListVolumes = rpc(_unimplemented)
+    ListSnapshots = rpc(_unimplemented)
+    ControllerGetVolume = rpc(_unimplemented)
+    ControllerModifyVolume = rpc(_unimplemented)
+    GetSnapshot = rpc(_unimplemented)

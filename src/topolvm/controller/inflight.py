@@ -1,0 +1,111 @@
+"""Volumes a node's capacity annotation does not show yet, so that GetCapacity and
+CreateVolume never offer the same bytes twice (pure bookkeeping; the app feeds it events).
+
+A node rewrites ``capacity.<p>/<dc>`` after every LV change, but some time after it: between the
+controller writing a LogicalVolume and that rewrite, the annotation still counts the space as
+free. Each volume is therefore *taken* from the moment CreateVolume picks a node until
+- it failed or was deleted (:meth:`release`), or
+- its LV exists (:meth:`settle`) and the annotation changed since the reservation (the node has
+  re-counted), or ``settle_timeout`` passed since it settled (a lost update must not hide space
+  for ever).
+LogicalVolumes other replicas are creating come from the informer (:meth:`creating`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+SETTLE_TIMEOUT = 120.0
+
+
+@dataclass
+class Reservation:
+    name: str
+    node: str
+    device_class: str
+    size: int
+    annotation: str | None  # the node's annotation value when reserved
+    settled_at: float | None = None
+
+
+class InFlight:
+    def __init__(
+        self,
+        settle_timeout: float = SETTLE_TIMEOUT,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.settle_timeout = settle_timeout
+        self.clock = clock
+        self._by_name: dict[str, Reservation] = {}
+
+    def reserve(
+        self, name: str, node: str, device_class: str, size: int, annotation: str | None
+    ) -> None:
+        """Count ``size`` bytes as taken on (node, device class); a retry of the same name
+        keeps the first reservation."""
+        if name not in self._by_name:
+            self._by_name[name] = Reservation(name, node, device_class, size, annotation)
+
+    def settle(self, name: str, annotation: str | None) -> None:
+        """The LV exists; ``annotation`` is the node's current value. If it already changed
+        since the reservation, the node has re-counted (the LV is in it): drop it now."""
+        r = self._by_name.get(name)
+        if r is None or r.settled_at is not None:
+            return
+        if annotation != r.annotation:
+            del self._by_name[name]
+        else:
+            r.settled_at = self.clock()
+
+    def release(self, name: str) -> None:
+        self._by_name.pop(name, None)
+
+    def observe(self, node: str, annotation_of: Callable[[str], str | None]) -> None:
+        """A new version of ``node``: drop settled reservations its annotations now include."""
+        now = self.clock()
+        for r in list(self._by_name.values()):
+            if r.node != node or r.settled_at is None:
+                continue
+            changed = annotation_of(r.device_class) != r.annotation
+            if changed or now - r.settled_at > self.settle_timeout:
+                del self._by_name[r.name]
+
+    def expire(self) -> None:
+        now = self.clock()
+        for r in list(self._by_name.values()):
+            if r.settled_at is not None and now - r.settled_at > self.settle_timeout:
+                del self._by_name[r.name]
+
+    def taken(
+        self,
+        node: str,
+        device_class: str,
+        creating: Iterable[tuple[str, int]] = (),
+    ) -> int:
+        """Bytes taken on (node, class): own reservations plus ``creating`` — (name, size) of
+        LogicalVolumes on that node and class without a volume id yet, counted once by name."""
+        self.expire()
+        seen: set[str] = set()
+        total = 0
+        for r in self._by_name.values():
+            if r.node == node and r.device_class == device_class:
+                seen.add(r.name)
+                total += r.size
+        for name, size in creating:
+            if name not in seen:
+                seen.add(name)
+                total += size
+        return total
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def totals(self) -> dict[tuple[str, str], int]:
+        """(node, device class) → reserved bytes, for the in-flight metric."""
+        out: dict[tuple[str, str], int] = {}
+        for r in self._by_name.values():
+            key = (r.node, r.device_class)
+            out[key] = out.get(key, 0) + r.size
+        return out
