@@ -24,6 +24,7 @@ from lightkube.resources.core_v1 import Node, Pod
 
 from devtools import gobuild
 from devtools.testbed.controlplane import GUEST_SUBNETS, ControlPlane
+from devtools.testbed.driver import SIDECAR_BINARIES, DriverStack
 from devtools.testbed.kubelet import KubeletStandIn
 from devtools.testbed.process import Child, http_get
 from devtools.testbed.umlnode import UmlNode
@@ -216,6 +217,20 @@ def extenders(
             control_plane.stop_scheduler(profile)
         for child in started.values():
             child.stop()
+
+
+@pytest.fixture(scope="session")
+def driver(
+    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DriverStack]:
+    """``topolvm controller`` on the host with the real csi-provisioner (``--enable-capacity``),
+    csi-resizer, csi-snapshotter and snapshot-controller, and the CSIDriver ``topolvm.io``."""
+    bins = gobuild.ensure(*SIDECAR_BINARIES)
+    stack = DriverStack(control_plane, bins, tmp_path_factory.mktemp("driver")).start()
+    try:
+        yield stack
+    finally:
+        stack.stop()
 
 
 @pytest.fixture

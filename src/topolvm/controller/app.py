@@ -170,14 +170,22 @@ class TopolvmController:
 
     # -- start / stop ----------------------------------------------------------------------
 
-    async def check_api(self) -> None:
-        try:
-            await api.list_all(self.client, api.logicalvolume_resource(self.names), limit=1)
-        except Exception as e:
-            raise StartupError(
-                f"cannot list LogicalVolumes of {self.names.group}: {api.describe(e)} "
-                "(is the CRD installed and the controller allowed to read it?)"
-            ) from e
+    async def check_api(self, attempts: int = 30) -> None:
+        """Fail fast, with a clear message, when the CRD is missing or unreadable; wait out
+        an API server that is still starting (transient errors)."""
+        for attempt in range(1, attempts + 1):
+            try:
+                await api.list_all(self.client, api.logicalvolume_resource(self.names))
+                return
+            except Exception as e:
+                if api.is_transient(e) and attempt < attempts:
+                    log.info(f"waiting for the API server: {api.describe(e)}")
+                    await asyncio.sleep(1.0)
+                    continue
+                raise StartupError(
+                    f"cannot list LogicalVolumes of {self.names.group}: {api.describe(e)} "
+                    "(is the CRD installed and the controller allowed to read it?)"
+                ) from e
 
     def _spawn(self, coro: Awaitable[None], name: str) -> None:
         async def guarded() -> None:
