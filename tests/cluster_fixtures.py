@@ -109,14 +109,19 @@ class NodeSet:
         self.cp, self.prefix, self.workdir = cp, prefix, workdir
         self.started: list[UmlNode] = []
 
-    def make(self, count: int = 1, vg_gib: list[float] | None = None) -> list[UmlNode]:
+    def make(
+        self, count: int = 1, vg_gib: list[float] | None = None, disks: int = 2
+    ) -> list[UmlNode]:
         sizes = vg_gib or [10.0] * count
         made = []
         for i in range(count):
             if not _free_indices:
                 raise RuntimeError(f"at most {GUEST_SUBNETS} UML nodes at once")
             node = UmlNode(
-                f"{self.prefix}-n{len(self.started) + 1}", _free_indices.pop(0), self.workdir
+                f"{self.prefix}-n{len(self.started) + 1}",
+                _free_indices.pop(0),
+                self.workdir,
+                disks=(16 << 30,) * disks,
             )
             self.started.append(node)
             node.start()

@@ -5,8 +5,9 @@ node's capacity annotations as before the test)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from lightkube import AsyncClient
@@ -15,7 +16,7 @@ from lightkube.resources.core_v1 import Event, PersistentVolume, PersistentVolum
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.kubelet import KubeletStandIn
 from devtools.testbed.umlnode import UmlNode
-from tests.cluster_fixtures import GROUP_LABEL, node_annotations, unique
+from tests.cluster_fixtures import GROUP_LABEL, NodeSet, node_annotations, unique
 from tests.helpers import eventually
 from topolvm.constants import NORMAL, Names
 from topolvm.k8s import api
@@ -120,6 +121,26 @@ async def events_for(client: AsyncClient, kind: str, name: str) -> list[str]:
         fields={"involvedObject.name": name, "involvedObject.kind": kind},
     )  # fmt: skip
     return [f"{e.get('reason')}: {e.get('message')}" for e in items]
+
+
+@contextlib.contextmanager
+def shared_nodes(
+    cp: ControlPlane, workdir: Path, prefix: str, vg_gib: list[float],
+    device_classes: list[dict[str, Any]], *, disks: int = 2,
+    prepare: Callable[[UmlNode], None] | None = None, extra: Sequence[str] = (),
+) -> Iterator[list[UmlNode]]:  # fmt: skip
+    """UML nodes for a whole test module, each running topolvm-node with ``device_classes``;
+    ``prepare`` makes more VGs before the node starts."""
+    node_set = NodeSet(cp, prefix, workdir)
+    try:
+        nodes = node_set.make(len(vg_gib), vg_gib=vg_gib, disks=disks)
+        for n in nodes:
+            if prepare is not None:
+                prepare(n)
+            n.start_topolvm_node(cp, device_classes, *extra)
+        yield nodes
+    finally:
+        node_set.close()
 
 
 @dataclass

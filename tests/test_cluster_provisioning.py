@@ -4,16 +4,18 @@ scheduling by capacity, filesystems, block, minimum allocations)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 from lightkube import AsyncClient
+from lightkube.resources.core_v1 import PersistentVolume, PersistentVolumeClaim
 
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import DriverStack
 from devtools.testbed.kubelet import KubeletStandIn
 from devtools.testbed.umlnode import UmlNode
-from tests.cluster_fixtures import UmlNodes, unique
+from tests.cluster_fixtures import unique
+from tests.helpers import eventually
 from tests.lvm_fixtures import THICK
 from tests.provisioning import (
     GiB,
@@ -22,25 +24,36 @@ from tests.provisioning import (
     bound,
     claim,
     pod,
+    pvc,
     scheduled,
+    shared_nodes,
     unschedulable_message,
 )
+from topolvm.k8s import api
 
 pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def three_nodes(
+    control_plane: ControlPlane, driver: DriverStack, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[UmlNode]]:
+    """Three UML nodes with about 2, 11 and 4 GiB free in device class ssd (1 GiB spare)."""
+    with shared_nodes(
+        control_plane, tmp_path_factory.mktemp("prov"), "prov", [3, 12, 5], [THICK]
+    ) as nodes:
+        yield nodes
 
 
 @pytest.fixture
 async def three(
     control_plane: ControlPlane,
-    driver: DriverStack,
-    uml_nodes: UmlNodes,
+    three_nodes: list[UmlNode],
     kubelet: Callable[[list[UmlNode]], KubeletStandIn],
     cluster_client: AsyncClient,
 ) -> AsyncIterator[Scenario]:
-    """Three UML nodes with about 2, 11 and 4 GiB free in device class ssd (1 GiB spare)."""
-    nodes = uml_nodes(3, vg_gib=[3, 12, 5])
-    for n in nodes:
-        n.start_topolvm_node(control_plane, [THICK])
+    """A scenario on :func:`three_nodes` that must leave them as it found them."""
+    nodes = three_nodes
     s = Scenario(control_plane, cluster_client, nodes, kubelet(nodes))
     await s.record()
     try:
@@ -103,3 +116,102 @@ async def test_block_volume_gets_the_block_minimum(three: Scenario) -> None:
     [dev] = await s.kubelet.start_pod(app)  # type: ignore[union-attr]
     uml = next(n for n in s.nodes if n.name == node)
     assert int(uml.exec("blockdev", "--getsize64", dev.target).stdout) == 8 * MiB
+
+
+async def _grow(s: Scenario, name: str, size: str) -> None:
+    await api.patch_merge(
+        s.client, PersistentVolumeClaim, name,
+        {"spec": {"resources": {"requests": {"storage": size}}}}, namespace="default",
+    )  # fmt: skip
+
+
+async def _resize_pending(s: Scenario, name: str) -> None:
+    async def check() -> bool:
+        obj = await pvc(s.client, name)
+        conds = (obj or {}).get("status", {}).get("conditions") or []
+        return any(c["type"] == "FileSystemResizePending" for c in conds)
+
+    await eventually(f"{name} waits for the node's part of the resize", check, timeout=90)
+
+
+def _df(node: UmlNode, target: str) -> int:
+    return int(node.exec("df", "-B1", "--output=size", target).stdout.split()[-1])
+
+
+async def test_online_then_offline_resize(three: Scenario) -> None:
+    s = three
+    kubelet = s.kubelet
+    assert kubelet is not None
+    sc = s.sc(fs_type="xfs")
+    data, app = unique("data"), unique("app")
+    s.apply(claim(data, sc, "1Gi"), pod(app, s.group, [data]))
+    node_name = await scheduled(s.client, app)
+    node = next(n for n in s.nodes if n.name == node_name)
+    await bound(s.client, data)
+    [fs] = await kubelet.start_pod(app)
+    node.exec("sh", "-c", f"echo kept > {fs.target}/file && sync")
+
+    # online: csi-resizer -> ControllerExpandVolume raises the LV; the node grows xfs
+    await _grow(s, data, "2Gi")
+    await _resize_pending(s, data)
+    assert int(node.lvs("vg1")[fs.volume_id]["lv_size"]) == 2 * GiB
+    await kubelet.expand_pvc(app, data)
+    assert _df(node, fs.target) > GiB + GiB // 2
+    claimed = await pvc(s.client, data)
+    assert claimed is not None and claimed["status"]["capacity"]["storage"] == "2Gi"
+
+    # offline: no pod; the filesystem grows when the next pod publishes it
+    await s.delete_pod(app)
+    await _grow(s, data, "3Gi")
+    await _resize_pending(s, data)
+    assert int(node.lvs("vg1")[fs.volume_id]["lv_size"]) == 3 * GiB
+    app2 = unique("app")
+    s.apply(pod(app2, s.group, [data]))
+    assert await scheduled(s.client, app2) == node_name
+    [fs2] = await kubelet.start_pod(app2)
+    assert _df(node, fs2.target) > 2 * GiB + GiB // 2
+    assert node.exec("cat", f"{fs2.target}/file").stdout == "kept\n"
+
+
+async def test_immediate_binding_then_the_pod_follows_its_volume(three: Scenario) -> None:
+    s = three
+    sc = s.sc(fs_type="ext4", binding="Immediate")
+    data, app = unique("data"), unique("app")
+    s.apply(claim(data, sc, "1Gi"))
+    bound_claim = await bound(s.client, data)
+    pv = await api.get(s.client, PersistentVolume, bound_claim["spec"]["volumeName"])
+    assert pv is not None
+    terms = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
+    [volume_node] = terms[0]["matchExpressions"][0]["values"]
+    assert volume_node in {n.name for n in s.nodes}
+    s.apply(pod(app, s.group, [data]))
+    assert await scheduled(s.client, app) == volume_node
+
+
+async def test_generic_ephemeral_volume_lives_and_dies_with_its_pod(three: Scenario) -> None:
+    s = three
+    sc = s.sc(fs_type="xfs")
+    app = unique("app")
+    template = {"spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": sc,
+                         "resources": {"requests": {"storage": "1Gi"}}}}  # fmt: skip
+    s.apply(pod(app, s.group, ephemeral=template))
+    claim_name = f"{app}-scratch"
+    await scheduled(s.client, app)
+    await bound(s.client, claim_name)
+    [fs] = await s.kubelet.start_pod(app)  # type: ignore[union-attr]
+    assert fs.pvc == claim_name
+    await s.delete_pod(app)
+
+    async def claim_gone() -> bool:
+        return await pvc(s.client, claim_name) is None
+
+    await eventually("the ephemeral claim deleted with its pod", claim_gone, timeout=90)
+
+
+async def test_unknown_device_class_never_schedules(three: Scenario) -> None:
+    s = three
+    sc = s.sc(device_class="not-found-device")
+    data, app = unique("data"), unique("app")
+    s.apply(claim(data, sc, "1Gi"), pod(app, s.group, [data]))
+    message = await unschedulable_message(s.client, app)
+    assert "did not have enough free storage" in message, message

@@ -89,9 +89,12 @@ class KubeletStandIn:
         ns = pod["metadata"]["namespace"]
         found = []
         for vol in pod["spec"].get("volumes", []):
-            if "persistentVolumeClaim" not in vol:
-                continue  # (generic ephemeral volumes come with the controller's tests)
-            claim = vol["persistentVolumeClaim"]["claimName"]
+            if "persistentVolumeClaim" in vol:
+                claim = vol["persistentVolumeClaim"]["claimName"]
+            elif "ephemeral" in vol:  # generic ephemeral volume: the claim is <pod>-<volume>
+                claim = f"{pod['metadata']['name']}-{vol['name']}"
+            else:
+                continue
             pvc = await api.get(self.client, PersistentVolumeClaim, claim, namespace=ns)
             if pvc is None or not pvc["spec"].get("volumeName"):
                 raise AssertionError(f"kubelet stand-in: PVC {ns}/{claim} is not bound")
