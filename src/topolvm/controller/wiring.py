@@ -1,17 +1,65 @@
-"""How the app starts the webhook (every replica) and the reconcilers (the leader)."""
+"""How the app starts the pod webhook (every replica) and the reconcilers (the leader)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import TYPE_CHECKING
+
+from topolvm.controller.webhook import (
+    ApiPodReader,
+    CertDir,
+    WebhookCertError,
+    WebhookServerError,
+    start_webhook_server,
+    stop_webhook_server,
+)
+from topolvm.controller.webhookcerts import SelfManagedCerts
 
 if TYPE_CHECKING:
     from topolvm.controller.app import Part, TopolvmController
 
 
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
 async def start_webhook(app: TopolvmController) -> list[tuple[str, Part]]:
-    """Start the pod webhook; returns (name, stop) pairs."""
-    return []
+    """Certificates from ``--cert-dir`` (cert-manager) or self-managed (a CA and serving
+    certificate of the controller's own, kept in a Secret, caBundle written into the
+    MutatingWebhookConfiguration); then the HTTPS server. Returns (name, stop) pairs."""
+    from topolvm.controller.app import StartupError
+
+    o = app.options
+    assert o.webhook_address is not None
+    certs: CertDir | SelfManagedCerts
+    try:
+        if o.cert_dir:
+            certs = CertDir(o.cert_dir, app.metrics)
+            certs.load()
+        else:
+            certs = SelfManagedCerts(
+                app.client, o.namespace, o.webhook_secret_name, o.webhook_configuration_name,
+                o.webhook_service_name, extra_ips=o.webhook_extra_sans, metrics=app.metrics,
+            )  # fmt: skip
+            await certs.setup()
+        runner = await start_webhook_server(
+            *o.webhook_address, certs.ssl_context, ApiPodReader(app.client), app.names,
+            o.pod_webhook_marker, app.metrics,
+        )  # fmt: skip
+    except (WebhookCertError, WebhookServerError) as e:
+        raise StartupError(str(e)) from e
+    task = asyncio.create_task(certs.run(), name="webhook-certificates")
+
+    async def stop_server() -> None:
+        await stop_webhook_server(runner)
+
+    async def stop_certs() -> None:
+        await _cancel(task)
+
+    return [("webhook certificates", stop_certs), ("webhook server", stop_server)]
 
 
 async def run_reconcilers(app: TopolvmController) -> None:

@@ -1,0 +1,247 @@
+"""The pod mutating webhook's decision (spec §7.1), without I/O.
+
+For a pod being created, sum the bytes its TopoLVM volumes request per device class and write
+them to ``capacity.<plugin>/<device-class>`` annotations, which topolvm-scheduler reads. In
+marker mode (upstream's behaviour) the first container also gets the extended resource
+``<plugin>/capacity: 1`` in its requests and limits, so that a kube-scheduler whose extender
+manages that resource calls topolvm-scheduler for the pod.
+
+Reads (PersistentVolumeClaims, StorageClasses) go through a :class:`PodReader` that the caller
+supplies; the webhook's reader reads the API server.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import jsonpatch
+
+from topolvm.capacity_annotations import class_key, encode_pod
+from topolvm.constants import DEFAULT_SIZE, Names
+from topolvm.k8s.logicalvolume import InvalidQuantity, parse_quantity
+
+Obj = dict[str, Any]
+DecisionKind = Literal["mutated", "allowed", "denied", "errored"]
+
+
+class PodReader(Protocol):
+    """Reads the webhook needs; each returns None when the object does not exist and raises
+    any other failure (its message is sent back to the API server)."""
+
+    async def get_pvc(self, namespace: str, name: str) -> Obj | None: ...
+
+    async def get_storageclass(self, name: str) -> Obj | None: ...
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The webhook's answer: ``patch`` is an RFC 6902 JSON patch (empty unless mutated)."""
+
+    kind: DecisionKind
+    message: str
+    code: int = 200
+    patch: list[Obj] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    requested: dict[str, int] = field(default_factory=dict)
+    """Bytes per annotation suffix (``ssd``, ``00default``) when mutated."""
+
+    @property
+    def allowed(self) -> bool:
+        return self.kind in ("mutated", "allowed")
+
+
+def allowed(message: str) -> Decision:
+    return Decision("allowed", message)
+
+
+def denied(message: str) -> Decision:
+    return Decision("denied", message, code=403)
+
+
+def errored(code: int, message: str) -> Decision:
+    return Decision("errored", message, code=code)
+
+
+def marker_warnings(names: Names) -> list[str]:
+    """What a user creating a pod in marker mode needs to know (AdmissionReview warnings)."""
+    res = names.capacity_resource
+    return [
+        f"{res} added: capacity-aware placement needs topolvm-scheduler as a kube-scheduler "
+        "extender",
+        f"topolvm-node advertises {res}, so without the extender the pod still schedules, "
+        "with no capacity check",
+    ]
+
+
+class _BadPod(Exception):
+    """The pod cannot be read as a pod (HTTP 400 in upstream's terms)."""
+
+
+class _ReadFailed(Exception):
+    """A read through the PodReader failed (HTTP 500 in upstream's terms)."""
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _size(spec: Mapping[str, Any], where: str) -> int:
+    """Requested bytes of a claim spec, rounded up; 1 GiB when missing or not positive."""
+    raw = _map(_map(spec.get("resources")).get("requests")).get("storage")
+    if raw is None:
+        return DEFAULT_SIZE
+    try:
+        size = parse_quantity(raw)
+    except InvalidQuantity as e:
+        raise _BadPod(f"{where}: resources.requests.storage: {e}") from e
+    return size if size > 0 else DEFAULT_SIZE
+
+
+class _Walk:
+    """One request's volume walk, with its StorageClass cache."""
+
+    def __init__(self, reader: PodReader, names: Names, namespace: str) -> None:
+        self.reader, self.names, self.namespace = reader, names, namespace
+        self.classes: dict[str, Obj | None] = {}
+        self.sums: dict[str, int] = {}
+
+    async def topolvm_class(self, name: str) -> Obj | None:
+        """The StorageClass ``name`` if it is TopoLVM's, else None."""
+        if name not in self.classes:
+            if not name:  # no StorageClass can have an empty name; a GET would list them all
+                self.classes[name] = None
+            else:
+                try:
+                    self.classes[name] = await self.reader.get_storageclass(name)
+                except Exception as e:
+                    raise _ReadFailed(f"cannot get StorageClass {name}: {e}") from e
+        sc = self.classes[name]
+        if sc is None or sc.get("provisioner") != self.names.plugin:
+            return None
+        return sc
+
+    def add(self, sc: Obj, size: int) -> None:
+        dc = _map(sc.get("parameters")).get(self.names.device_class_param, "")
+        key = class_key(dc if isinstance(dc, str) else "")
+        self.sums[key] = self.sums.get(key, 0) + size
+
+    async def claim(self, claim_name: str) -> bool:
+        """Count a PVC volume; False when the pod must be left alone (a bound TopoLVM PVC)."""
+        if not claim_name:  # invalid, validation rejects the pod; a GET would list every PVC
+            return True
+        try:
+            pvc = await self.reader.get_pvc(self.namespace, claim_name)
+        except Exception as e:
+            raise _ReadFailed(
+                f"cannot get PersistentVolumeClaim {self.namespace}/{claim_name}: {e}"
+            ) from e
+        if pvc is None:  # created after the pod: not handled (upstream's limitation)
+            return True
+        spec = _map(pvc.get("spec"))
+        sc_name = spec.get("storageClassName")
+        if not isinstance(sc_name, str) or not sc_name:
+            return True
+        sc = await self.topolvm_class(sc_name)
+        if sc is None:
+            return True
+        if _map(pvc.get("status")).get("phase") != "Pending":
+            return False  # the volume exists: the pod goes where it is, nothing to add
+        self.add(sc, _size(spec, f"PersistentVolumeClaim {self.namespace}/{claim_name}"))
+        return True
+
+    async def ephemeral(self, volume_name: str, template: Mapping[str, Any]) -> None:
+        spec = _map(template.get("spec"))
+        sc_name = spec.get("storageClassName")
+        if not isinstance(sc_name, str):  # an empty string is looked up (upstream)
+            return
+        sc = await self.topolvm_class(sc_name)
+        if sc is not None:
+            self.add(sc, _size(spec, f"ephemeral volume {volume_name}"))
+
+
+async def requested_capacity(
+    pod: Obj, request_namespace: str, reader: PodReader, names: Names
+) -> dict[str, int] | None:
+    """Bytes per annotation suffix the pod's TopoLVM volumes request; None when a TopoLVM PVC
+    of the pod is no longer Pending (then the pod is not mutated at all)."""
+    namespace = _map(pod.get("metadata")).get("namespace") or request_namespace
+    walk = _Walk(reader, names, str(namespace))
+    for volume in _volumes(pod):
+        name = str(volume.get("name", ""))
+        pvc = volume.get("persistentVolumeClaim")
+        ephemeral = volume.get("ephemeral")
+        if isinstance(pvc, Mapping):
+            if not await walk.claim(str(pvc.get("claimName", ""))):
+                return None
+        elif isinstance(ephemeral, Mapping):
+            template = ephemeral.get("volumeClaimTemplate")
+            if isinstance(template, Mapping):
+                await walk.ephemeral(name, template)
+    return walk.sums
+
+
+def _volumes(pod: Obj) -> list[Mapping[str, Any]]:
+    volumes = _map(pod.get("spec")).get("volumes")
+    if volumes is not None and not isinstance(volumes, list):
+        raise _BadPod("spec.volumes is not a list")
+    return [v for v in volumes or [] if isinstance(v, Mapping)]
+
+
+def mutated_pod(pod: Obj, requested: Mapping[str, int], names: Names, *, marker: bool) -> Obj:
+    """A copy of ``pod`` with the capacity annotations (and, with ``marker``, the marker
+    resource on the first container)."""
+    out = copy.deepcopy(pod)
+    meta = out.setdefault("metadata", {})
+    if not isinstance(meta.get("annotations"), dict):
+        meta["annotations"] = {}
+    meta["annotations"].update(encode_pod(names, requested))
+    if marker:
+        container = out["spec"]["containers"][0]
+        if not isinstance(container.get("resources"), dict):
+            container["resources"] = {}
+        for key in ("requests", "limits"):
+            if not isinstance(container["resources"].get(key), dict):
+                container["resources"][key] = {}
+            container["resources"][key][names.capacity_resource] = "1"
+    return out
+
+
+def json_patch(original: Obj, changed: Obj) -> list[Obj]:
+    """RFC 6902 operations that turn ``original`` into ``changed``."""
+    ops: list[Obj] = jsonpatch.make_patch(original, changed).patch
+    return ops
+
+
+async def decide(
+    pod: Any, request_namespace: str, reader: PodReader, names: Names, *, marker: bool = False
+) -> Decision:
+    """The webhook's answer for creating ``pod`` (the AdmissionRequest's ``object``)."""
+    if not isinstance(pod, dict):
+        return errored(400, "the request's object is not a Pod")
+    try:
+        containers = _map(pod.get("spec")).get("containers")
+        if not isinstance(containers, list) or not containers:
+            return denied("pod has no containers")
+        if not isinstance(containers[0], dict):
+            return errored(400, "spec.containers[0] is not an object")
+        if not _volumes(pod):
+            return allowed("no volumes")
+        requested = await requested_capacity(pod, request_namespace, reader, names)
+    except _BadPod as e:
+        return errored(400, str(e))
+    except _ReadFailed as e:
+        return errored(500, str(e))
+    if not requested:
+        return allowed("no request for TopoLVM")
+    patch = json_patch(pod, mutated_pod(pod, requested, names, marker=marker))
+    summary = ", ".join(f"{key}={size}" for key, size in sorted(requested.items()))
+    return Decision(
+        "mutated",
+        f"requested capacity: {summary}",
+        patch=patch,
+        warnings=marker_warnings(names) if marker else [],
+        requested=dict(sorted(requested.items())),
+    )
