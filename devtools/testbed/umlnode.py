@@ -51,6 +51,7 @@ class UmlNode:
     disks: tuple[int, ...] = (16 * GiB, 16 * GiB)
     mem_mb: int = 768
     labels: dict[str, str] = field(default_factory=dict)  # extra Node labels
+    lvmd_options: dict[str, Any] = field(default_factory=dict)  # more lvmd config keys
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
@@ -204,6 +205,7 @@ class UmlNode:
                     "socket-name": f"/run/topolvm/{name}-lvmd.sock",
                     "device-classes": device_classes,
                     "lvm-command-prefix": [LVM],
+                    **self.lvmd_options,
                 }
             )
         )
