@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 from aiohttp import web
@@ -37,11 +35,11 @@ from topolvm.scheduler.extender import (
     unknown_reason,
 )
 from topolvm.scheduler.nodecache import NodeCache
+from topolvm.scheduler.status import VERBS, State, status_document, wired_text
 
 log = logging.getLogger("topolvm.scheduler")
 access_log = logging.getLogger("topolvm.scheduler.access")
 
-VERBS = ("predicate", "prioritize")
 DEFAULT_WIRING_WARNING_AFTER = 600.0
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 _JSON = "application/json"
@@ -167,12 +165,6 @@ class Extender:
         return view.priorities(node_names, tuple(requested))
 
 
-def _iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return datetime.datetime.fromtimestamp(ts, datetime.UTC).isoformat(timespec="milliseconds")
-
-
 class AccessLog(AbstractAccessLogger):
     """One log record per request, like upstream's access log."""
 
@@ -190,17 +182,6 @@ class AccessLog(AbstractAccessLogger):
                 "duration_ms": round(time * 1e3, 3),
             },
         )
-
-
-@dataclass
-class State:
-    extender: Extender
-    metrics: Metrics
-    wall_clock: Callable[[], float]
-    wiring_warning_after: float
-    started_at: float = 0.0
-    last_request: float | None = None
-    last_request_path: str | None = None
 
 
 STATE = web.AppKey("state", State)
@@ -288,9 +269,6 @@ def make_app(
 def _verb_handler(verb: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handle(request: web.Request) -> web.StreamResponse:
         state = request.app[STATE]
-        now = state.wall_clock()
-        state.last_request, state.last_request_path = now, verb
-        state.metrics.last_request.set(now)
         if request.method != "POST":
             return web.Response(
                 status=405,
@@ -298,6 +276,7 @@ def _verb_handler(verb: str) -> Callable[[web.Request], Awaitable[web.StreamResp
                 text=f"method {request.method} not allowed: kube-scheduler calls "
                 f"{request.path} with POST and an ExtenderArgs JSON body\n",
             )
+        state.called(verb)
         body = await request.read()
         ext = state.extender
         try:
@@ -314,49 +293,8 @@ def _verb_handler(verb: str) -> Callable[[web.Request], Awaitable[web.StreamResp
 
 
 async def _status(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    ext = state.extender
-    now = state.wall_clock()
-    managed = ext.config.managed_resource
-    last = state.last_request
-    doc: dict[str, Any] = {
-        "status": "ok",
-        "mode": "managed-resource" if managed else "extender",
-        "managedResource": ext.names.capacity_resource if managed else None,
-        "nodeCacheCapable": ext.cache is not None,
-        "startedAt": _iso(state.started_at),
-        "lastRequestTime": _iso(last),
-        "lastRequestPath": state.last_request_path,
-        "secondsSinceLastRequest": None if last is None else round(now - last, 3),
-        "wired": _wired_text(state, now),
-    }
-    cache = ext.cache
-    if cache is not None:
-        doc["nodeCache"] = {
-            "synced": cache.synced,
-            "nodes": len(cache),
-            "maxAgeSeconds": cache.max_age,
-        }
+    doc = status_document(request.app[STATE])
     return web.Response(body=msgspec.json.encode(doc), content_type=_JSON)
-
-
-def _wired_text(state: State, now: float) -> str:
-    if state.last_request is not None:
-        return (
-            f"yes: kube-scheduler called {state.last_request_path} "
-            f"{now - state.last_request:.0f}s ago"
-        )
-    since = f"no /predicate or /prioritize call since start {now - state.started_at:.0f}s ago"
-    if state.extender.config.managed_resource:
-        return (
-            f"unknown: {since}. In managed-resource mode kube-scheduler only calls for pods "
-            f"requesting {state.extender.names.capacity_resource}; if such pods are Pending with "
-            f"'Insufficient {state.extender.names.capacity_resource}', kube-scheduler is not wired"
-        )
-    return (
-        f"unknown: {since}. kube-scheduler calls this extender for every pod it schedules, so "
-        "it is probably not wired (pods still schedule, without capacity checks)"
-    )
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -373,7 +311,7 @@ async def _wiring_watchdog(app: web.Application) -> AsyncIterator[None]:
             if state.last_request is None:
                 log.warning(
                     "kube-scheduler has not called the extender yet",
-                    extra={"wired": _wired_text(state, state.wall_clock())},
+                    extra={"wired": wired_text(state, state.wall_clock())},
                 )
 
     task = asyncio.create_task(watch())
