@@ -180,7 +180,8 @@ class UmlNode:
     def make_vg(self, vg: str, size_gib: float, disk: int = 0) -> None:
         """A VG named ``vg`` of ``size_gib`` on the guest's disk number ``disk``."""
         dev = self.disk_devices[disk]
-        self.lvm("pvcreate", "-ff", "-y", "--setphysicalvolumesize", f"{int(size_gib * GiB)}b", dev)
+        size = int(size_gib * GiB) // 512 * 512  # lvm takes whole sectors only
+        self.lvm("pvcreate", "-ff", "-y", "--setphysicalvolumesize", f"{size}b", dev)
         self.lvm("vgcreate", "-s", "4m", vg, dev)
 
     def lvs(self, vg: str) -> dict[str, dict[str, str]]:
