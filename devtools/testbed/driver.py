@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from devtools.testbed.controlplane import ControlPlane
-from devtools.testbed.process import Child, http_get
+from devtools.testbed.process import Child, http_get, kill_group
 
 SIDECAR_BINARIES = ("csi-provisioner", "csi-resizer", "csi-snapshotter", "snapshot-controller",
                     "snapshot-crds")  # fmt: skip
@@ -84,6 +84,28 @@ class DriverStack:
         readyz = f"http://127.0.0.1:{self.health_port}/readyz"
         child.wait_until("ready (/readyz)", lambda: http_get(readyz) == b"ok")
         return child
+
+    def kill_controller(self) -> None:
+        """SIGKILL ``topolvm controller`` (no graceful shutdown: a crash, an OOM kill)."""
+        child = self.children.pop("topolvm-controller", None)
+        if child is not None and child.proc is not None:
+            kill_group(child.proc.pid)
+            child.proc.wait()
+            child.proc = None
+
+    def restart_after_crash(self) -> None:
+        """Start the controller again, and the sidecars: each exits when it loses its CSI
+        connection (some only at their next call), and the kubelet restarts them in a real
+        pod; restarting all of them here makes that deterministic."""
+        for name in ("csi-provisioner", "csi-resizer", "csi-snapshotter"):
+            child = self.children.get(name)
+            if child is not None:
+                child.stop()
+        self.start_controller()
+        for name in ("csi-provisioner", "csi-resizer", "csi-snapshotter"):
+            child = self.children.get(name)
+            if child is not None:
+                child.start()
 
     def stop_controller(self) -> None:
         child = self.children.pop("topolvm-controller", None)

@@ -1,0 +1,119 @@
+"""topolvm-controller SIGKILLed in the middle of CreateVolume, DeleteVolume and an expansion:
+after the restart (and the sidecars' retries) each operation completes, with no duplicate and
+no orphan LV."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import PersistentVolume, PersistentVolumeClaim
+
+from devtools.testbed.controlplane import ControlPlane
+from devtools.testbed.driver import DriverStack
+from devtools.testbed.kubelet import KubeletStandIn
+from devtools.testbed.umlnode import UmlNode
+from tests.cluster_fixtures import unique
+from tests.helpers import eventually
+from tests.lvm_fixtures import THICK
+from tests.provisioning import NS, GiB, Scenario, bound, claim, pvc, shared_nodes
+from topolvm.constants import NORMAL
+from topolvm.k8s import api
+
+pytestmark = pytest.mark.cluster
+LV = api.logicalvolume_resource(NORMAL)
+
+
+@pytest.fixture(scope="module")
+def node(
+    control_plane: ControlPlane, driver: DriverStack, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[UmlNode]]:
+    with shared_nodes(
+        control_plane, tmp_path_factory.mktemp("crash"), "crash", [8], [THICK]
+    ) as nodes:
+        yield nodes
+
+
+@pytest.fixture
+async def one(
+    control_plane: ControlPlane,
+    driver: DriverStack,
+    node: list[UmlNode],
+    kubelet: Callable[[list[UmlNode]], KubeletStandIn],
+    cluster_client: AsyncClient,
+) -> AsyncIterator[Scenario]:
+    s = Scenario(control_plane, cluster_client, node, kubelet(node))
+    await s.record()
+    try:
+        yield s
+    finally:
+        if "topolvm-controller" not in driver.children:
+            driver.restart_after_crash()
+        await s.clean()
+
+
+async def _lvs_for(client: AsyncClient, pv_name: str) -> list[dict[str, Any]]:
+    items, _ = await api.list_all(client, LV)
+    return [o for o in items if o["metadata"]["name"] == pv_name]
+
+
+async def test_kill_during_create_delete_and_expand(one: Scenario, driver: DriverStack) -> None:
+    s = one
+    uml = s.nodes[0]
+    sc = s.sc(fs_type="ext4", binding="Immediate")
+    data = unique("data")
+
+    # CreateVolume: kill as soon as the controller has written the LogicalVolume
+    async def lv_written() -> list[dict[str, Any]]:
+        items, _ = await api.list_all(s.client, LV)
+        return [o for o in items if o["spec"]["nodeName"] == uml.name]
+
+    s.apply(claim(data, sc, "1Gi"))
+    await eventually("the LogicalVolume written", lv_written, timeout=60, interval=0.01)
+    driver.kill_controller()
+    driver.restart_after_crash()
+    obj = await bound(s.client, data)
+    pv_name = obj["spec"]["volumeName"]
+    assert len(await lv_written()) == 1
+    [lv] = await _lvs_for(s.client, pv_name)
+    assert list(uml.lvs("vg1")) == [lv["status"]["volumeID"]]
+
+    # expansion: kill once the controller raised spec.size
+    await api.patch_merge(s.client, PersistentVolumeClaim, data,
+                          {"spec": {"resources": {"requests": {"storage": "2Gi"}}}},
+                          namespace=NS)  # fmt: skip
+
+    async def raised() -> bool:
+        [cur] = await _lvs_for(s.client, pv_name)
+        return bool(cur["spec"]["size"] == "2Gi")
+
+    await eventually("spec.size raised", raised, timeout=60, interval=0.01)
+    driver.kill_controller()
+    driver.restart_after_crash()
+
+    async def pv_grown() -> bool:
+        pv = await api.get(s.client, PersistentVolume, pv_name)
+        return pv is not None and pv["spec"]["capacity"]["storage"] == "2Gi"
+
+    await eventually("the PV grown by csi-resizer", pv_grown, timeout=120)
+    assert int(uml.lvs("vg1")[lv["status"]["volumeID"]]["lv_size"]) == 2 * GiB
+
+    # DeleteVolume: kill as soon as the LogicalVolume is being deleted
+    s.cp.kubectl("delete", "pvc", data, "-n", NS, "--wait=false")
+
+    async def deleting() -> bool:
+        found = await _lvs_for(s.client, pv_name)
+        return not found or bool(found[0]["metadata"].get("deletionTimestamp"))
+
+    await eventually("the LogicalVolume being deleted", deleting, timeout=60, interval=0.01)
+    driver.kill_controller()
+    driver.restart_after_crash()
+
+    async def all_gone() -> bool:
+        pv = await api.get(s.client, PersistentVolume, pv_name)
+        return pv is None and not await _lvs_for(s.client, pv_name) and not uml.lvs("vg1")
+
+    await eventually("PV, LogicalVolume and LV gone", all_gone, timeout=120)
+    assert await pvc(s.client, data) is None
