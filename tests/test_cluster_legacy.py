@@ -1,0 +1,96 @@
+"""Legacy mode (``USE_LEGACY`` / ``--legacy``): the whole path with the topolvm.cybozu.com names
+(driver, CRD group, annotations, topology key), next to a topolvm.io driver in the same cluster."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import pytest
+from lightkube import AsyncClient
+
+from devtools import gobuild
+from devtools.testbed.controlplane import ControlPlane
+from devtools.testbed.driver import SIDECAR_BINARIES, DriverStack
+from devtools.testbed.kubelet import KubeletStandIn
+from devtools.testbed.umlnode import UmlNode
+from tests.cluster_fixtures import unique
+from tests.lvm_fixtures import THICK
+from tests.provisioning import Scenario, bound, claim, pod, scheduled, shared_nodes
+from topolvm.constants import LEGACY, NORMAL
+from topolvm.k8s import api
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def legacy_driver(
+    control_plane: ControlPlane, driver: DriverStack, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DriverStack]:
+    bins = gobuild.ensure(*SIDECAR_BINARIES)
+    stack = DriverStack(control_plane, bins, tmp_path_factory.mktemp("legacy-driver"),
+                        legacy=True, health_port=18181, metrics_port=18180).start()  # fmt: skip
+    try:
+        yield stack
+    finally:
+        stack.stop()
+        control_plane.kubectl("delete", "csidriver", LEGACY.plugin, check=False)
+
+
+def _legacy_csinode(cp: ControlPlane, node: UmlNode) -> None:
+    node.labels[LEGACY.topology_key] = node.name
+    cp.kubectl("label", "node", node.name, f"{LEGACY.topology_key}={node.name}", "--overwrite")
+    cp.apply({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+              "metadata": {"name": node.name},
+              "spec": {"drivers": [{"name": d.plugin, "nodeID": node.name,
+                                    "topologyKeys": [d.topology_key]}
+                                   for d in (LEGACY,)]}})  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def legacy_node(
+    control_plane: ControlPlane, legacy_driver: DriverStack,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[list[UmlNode]]:  # fmt: skip
+    with shared_nodes(
+        control_plane, tmp_path_factory.mktemp("legacy"), "legacy", [6], [THICK],
+        prepare=lambda n: _legacy_csinode(control_plane, n), extra=("--legacy",),
+    ) as nodes:  # fmt: skip
+        yield nodes
+
+
+@pytest.fixture
+async def one(
+    control_plane: ControlPlane,
+    legacy_node: list[UmlNode],
+    kubelet: Callable[[list[UmlNode]], KubeletStandIn],
+    cluster_client: AsyncClient,
+) -> AsyncIterator[Scenario]:
+    s = Scenario(control_plane, cluster_client, legacy_node, kubelet(legacy_node), names=LEGACY)
+    await s.record()
+    try:
+        yield s
+    finally:
+        await s.clean()
+
+
+async def test_legacy_names_end_to_end(one: Scenario) -> None:
+    s = one
+    uml = s.nodes[0]
+    sc = s.sc(fs_type="xfs")
+    data, app = unique("data"), unique("app")
+    s.apply(claim(data, sc, "1Gi"), pod(app, s.group, [data]))
+    assert await scheduled(s.client, app) == uml.name
+    obj = await bound(s.client, data)
+    lv = await api.get(s.client, api.logicalvolume_resource(LEGACY), obj["spec"]["volumeName"])
+    assert lv is not None and lv["apiVersion"] == "topolvm.cybozu.com/v1"
+    assert (
+        await api.get(
+            s.client,
+            api.logicalvolume_resource(s.names.__class__(legacy=False, plugin="topolvm.io")),
+            obj["spec"]["volumeName"],
+        )
+        is None
+    )
+    [fs] = await s.kubelet.start_pod(app)  # type: ignore[union-attr]
+    assert uml.mounts()[fs.target]["fstype"] == "xfs"
+    assert list(uml.lvs("vg1")) == [lv["status"]["volumeID"]]
