@@ -64,9 +64,10 @@ cluster-down: venv
 demo: deps
 	$(PY) -m devtools.demo
 
-bench: deps
+bench: deps gotools
 	$(PY) -m bench.lvmd_bench
 	$(PY) -m bench.scheduler_bench
+	$(PY) -m bench.controller_bench
 
 bench-scheduler: venv
 	$(PY) -m bench.scheduler_bench

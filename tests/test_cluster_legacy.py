@@ -83,14 +83,8 @@ async def test_legacy_names_end_to_end(one: Scenario) -> None:
     obj = await bound(s.client, data)
     lv = await api.get(s.client, api.logicalvolume_resource(LEGACY), obj["spec"]["volumeName"])
     assert lv is not None and lv["apiVersion"] == "topolvm.cybozu.com/v1"
-    assert (
-        await api.get(
-            s.client,
-            api.logicalvolume_resource(s.names.__class__(legacy=False, plugin="topolvm.io")),
-            obj["spec"]["volumeName"],
-        )
-        is None
-    )
+    normal = api.logicalvolume_resource(NORMAL)
+    assert await api.get(s.client, normal, obj["spec"]["volumeName"]) is None
     [fs] = await s.kubelet.start_pod(app)  # type: ignore[union-attr]
     assert uml.mounts()[fs.target]["fstype"] == "xfs"
     assert list(uml.lvs("vg1")) == [lv["status"]["volumeID"]]

@@ -6,6 +6,9 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING
 
+from topolvm.controller.lvgc import LogicalVolumeGC
+from topolvm.controller.nodecleanup import NodeCleanupReconciler
+from topolvm.controller.pvcresize import PersistentVolumeClaimReconciler
 from topolvm.controller.webhook import (
     ApiPodReader,
     CertDir,
@@ -63,5 +66,26 @@ async def start_webhook(app: TopolvmController) -> list[tuple[str, Part]]:
 
 
 async def run_reconcilers(app: TopolvmController) -> None:
-    """Run the node, PVC and LogicalVolume-GC reconcilers until cancelled."""
-    await asyncio.Event().wait()
+    """Run the Node cleanup, PVC and LogicalVolume-GC reconcilers until cancelled (the leader
+    only; each builds its own informers, so followers keep no extra watches)."""
+    o = app.options
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(
+            NodeCleanupReconciler(
+                app.client, app.names, app.store, app.metrics,
+                skip_node_finalize=o.skip_node_finalize, resync=o.resync,
+            ).run(),
+            name="node-cleanup",
+        )  # fmt: skip
+        tg.create_task(
+            PersistentVolumeClaimReconciler(app.client, app.names, app.metrics, resync=o.resync)
+            .run(),
+            name="pvc",
+        )  # fmt: skip
+        tg.create_task(
+            LogicalVolumeGC(
+                app.client, app.names, app.store, app.metrics,
+                mode=o.lv_gc, grace=o.lv_gc_grace, interval=o.lv_gc_interval,
+            ).run(),
+            name="logicalvolume-gc",
+        )  # fmt: skip

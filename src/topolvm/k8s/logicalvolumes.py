@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -102,12 +102,14 @@ class LogicalVolumeStore:
         for waiter in self._waiters.get(name, ()):
             waiter.set()
 
-    async def _wait_change(self, name: str, timeout: float) -> None:
+    @contextlib.contextmanager
+    def _watching(self, name: str) -> Iterator[asyncio.Event]:
+        """An event set on every informer change of ``name``, registered before the caller
+        reads the object, so that no change between the read and the wait is lost."""
         event = asyncio.Event()
         self._waiters.setdefault(name, set()).add(event)
         try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout)
+            yield event
         finally:
             waiters = self._waiters.get(name)
             if waiters is not None:
@@ -180,16 +182,19 @@ class LogicalVolumeStore:
         self, name: str, done: Callable[[LogicalVolumeObject | None], Awaitable[bool]]
     ) -> None:
         delay = POLL_FIRST
-        while True:
-            lv = await self.get(name, fresh=False)
-            if await done(lv):
-                return
-            await self._wait_change(name, delay)
-            delay = min(delay * 2, POLL_MAX)
-            # an informer that lags must not make us trust a stale cache for long
-            lv = await self.get(name, fresh=True)
-            if await done(lv):
-                return
+        with self._watching(name) as changed:
+            while True:
+                changed.clear()
+                if await done(await self.get(name)):
+                    return
+                try:
+                    await asyncio.wait_for(changed.wait(), delay)
+                    continue  # the informer saw a change: read it from the cache
+                except TimeoutError:
+                    delay = min(delay * 2, POLL_MAX)
+                # no event: an informer that lags must not make us trust a stale cache
+                if await done(await self.get(name, fresh=True)):
+                    return
 
     async def wait_created(self, name: str) -> LogicalVolumeObject:
         """Until the node set ``status.volumeID``. A failure code deletes the object and raises

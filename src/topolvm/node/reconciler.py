@@ -61,16 +61,23 @@ class LogicalVolumeReconciler:
         if lv.deleting:
             await self._finalize(lv)
             return None
-        if self.names.lv_finalizer not in lv.finalizers:
-            res = await api.set_finalizer(
-                self.client, self.resource, name, self.names.lv_finalizer, True
-            )
-            if res is None:
-                return None
         label, value = CREATED_BY_LABEL
-        if lv.labels.get(label) != value:
-            patch = {"metadata": {"labels": {label: value}}}
-            await api.patch_merge(self.client, self.resource, name, patch)
+        if self.names.lv_finalizer not in lv.finalizers or lv.labels.get(label) != value:
+            # finalizer and created-by label in one conflict-safe write
+
+            def mark(o: api.Obj) -> bool:
+                meta = o["metadata"]
+                finalizers = list(meta.get("finalizers") or [])
+                labels = dict(meta.get("labels") or {})
+                if self.names.lv_finalizer in finalizers and labels.get(label) == value:
+                    return False
+                if self.names.lv_finalizer not in finalizers:
+                    meta["finalizers"] = [*finalizers, self.names.lv_finalizer]
+                meta["labels"] = {**labels, label: value}
+                return True
+
+            if await api.modify(self.client, self.resource, name, mark) is None:
+                return None
         if not lv.volume_id:
             await self._create(lv)
         else:
@@ -92,12 +99,6 @@ class LogicalVolumeReconciler:
     async def _create(self, lv: LogicalVolumeObject) -> None:
         if lv.code != 0:
             return  # a failed create is final: the controller deletes the object
-        existing = await self._find_lv(lv)
-        if existing is not None:
-            # Created before a crash or before the status write was lost: adopt it.
-            log.info("adopting existing LV", extra={"lv": lv.name, "uid": lv.uid})
-            await self._set_status(lv.name, lv.uid, 0, "", existing.size_bytes)
-            return
         try:
             if lv.source:
                 size = await self._create_snapshot(lv)
@@ -112,6 +113,14 @@ class LogicalVolumeReconciler:
                 )
                 size = resp.volume.size_bytes
         except LvmdCallError as e:
+            # lvmd answers a retried create of the same LV with the LV itself; ALREADY_EXISTS
+            # means it exists with another shape (created before a crash, then spec.size
+            # grew): adopt it, and the expand path takes it from there.
+            existing = await self._find_lv(lv) if e.code == grpc.StatusCode.ALREADY_EXISTS else None
+            if existing is not None:
+                log.info("adopting existing LV", extra={"lv": lv.name, "uid": lv.uid})
+                await self._set_status(lv.name, lv.uid, 0, "", existing.size_bytes)
+                return
             await self._set_failure(lv, e.code, e.message)
             raise ReconcileError(f"failed to create LV {lv.uid}: {e}") from e
         log.info("created LV", extra={"lv": lv.name, "uid": lv.uid, "size_bytes": size})

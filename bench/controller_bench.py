@@ -1,0 +1,524 @@
+"""``make bench``: topolvm-controller's CreateVolume against bare ``lvcreate`` in the same guest.
+
+Set-up, as ``devtools/cluster.py`` does it: a private network namespace, the real control plane
+(etcd, kube-apiserver, ...), one UML node with ``vg1`` and ``topolvm node`` (embedded lvmd,
+thick device class ``ssd``), and ``topolvm controller`` on the host. No CSI sidecar runs: the
+bench calls the controller's CSI socket itself, as csi-provisioner would (preferred topology =
+the node, an ext4 mount capability, 64 MiB).
+
+1. Latency at concurrency 1: CreateVolume until it returns (the LV exists and the node has
+   written the LogicalVolume's status), then DeleteVolume, against ``lvcreate``/``lvremove``
+   with the argv lvmd uses. Blocks of volumes alternate between the two sides (ABBA order) so
+   that drift in the machine's speed hits both alike.
+2. Throughput at concurrency 16: CreateVolume for many volumes with 16 in flight, in volumes/s,
+   against the same number of ``lvcreate`` run one after another.
+
+The baseline runs as ONE bash loop inside the guest per block, each command timed with
+``$EPOCHREALTIME`` (a shell variable: no fork), so the guest agent's HTTP round trip and the
+host/guest link are not in the baseline; the node runs its ``lvcreate`` as a local subprocess
+in the guest the same way. A breakdown of where a CreateVolume's time goes comes from a watch
+of the LogicalVolumes and from topolvm-node's "created LV" log lines (the UML guest shares the
+host's clock). Results go to ``.cache/bench/controller.json``. The bench prints whether the
+targets are met; it never fails on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import calendar
+import contextlib
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from devtools import gobuild
+from devtools.testbed.controlplane import ControlPlane
+from devtools.testbed.driver import NAMESPACE, DriverStack, csidriver
+from devtools.testbed.process import HarnessError, enter_private_netns
+from devtools.testbed.umlnode import LVM, UmlNode
+
+MiB = 1 << 20
+GiB = 1 << 30
+SIZE = 64 * MiB  # >= the ext4 minimum allocation (32 MiB), so no rounding up
+VG = "vg1"
+NODE = "bench-n1"
+THICK = {"name": "ssd", "volume-group": VG, "default": True, "spare-gb": 1}
+CLUSTER_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
+                    "kubectl")  # fmt: skip
+LATENCY_TARGET = 1.3  # median CreateVolume / median lvcreate, at most
+THROUGHPUT_TARGET = 0.9  # CreateVolume volumes/s / lvcreate volumes/s, at least
+SETTLE = 2.0  # seconds between phases: lvmd's report and the capacity export after changes
+WORKDIR = gobuild.ROOT / ".cache" / "bench" / "controller-run"
+RESULTS = gobuild.ROOT / ".cache" / "bench" / "controller.json"
+NODE_LOG_LINE = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \S+\s+\S+: created LV lv='([^']+)'"
+)
+
+
+# --- statistics -------------------------------------------------------------------------
+
+
+def pct(values: list[float], q: int) -> float:
+    """The ``q``-th percentile (linear interpolation between the closest ranks)."""
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"n": len(values), "median_ms": statistics.median(values) * 1e3,
+            "p90_ms": pct(values, 90) * 1e3, "min_ms": min(values) * 1e3,
+            "max_ms": max(values) * 1e3}  # fmt: skip
+
+
+# --- the baseline: one bash loop in the guest -------------------------------------------
+
+
+def guest_loop(node: UmlNode, verb: str, names: list[str]) -> tuple[list[float], float]:
+    """Run ``lvm lvcreate`` (argv as lvmd's), ``lvm lvremove`` or (once per name) lvmd's
+    ``lvm fullreport`` for each name in ONE bash process in the guest; returns each command's
+    seconds and the whole loop's seconds, both measured in the guest with $EPOCHREALTIME."""
+    from topolvm.lvm.report import FULLREPORT_ARGS
+
+    if verb == "create":
+        cmd = f'LC_ALL=C {LVM} lvcreate -n "$n" -L {SIZE}b -W y -y {VG} >/dev/null'
+    elif verb == "remove":
+        cmd = f'LC_ALL=C {LVM} lvremove -f "{VG}/$n" >/dev/null'
+    else:
+        cmd = f"LC_ALL=C {shlex.join([LVM, *FULLREPORT_ARGS])} >/dev/null"
+    script = (
+        "set -e\n"
+        "t0=${EPOCHREALTIME/[.,]/}\n"
+        f"for n in {' '.join(shlex.quote(n) for n in names)}; do\n"
+        "  s=${EPOCHREALTIME/[.,]/}\n"
+        f"  {cmd}\n"
+        "  e=${EPOCHREALTIME/[.,]/}\n"
+        '  echo "one $((e - s))"\n'
+        "done\n"
+        "t1=${EPOCHREALTIME/[.,]/}\n"
+        'echo "all $((t1 - t0))"\n'
+    )
+    out = node.exec("/bin/bash", "-c", script, timeout=600).stdout.split("\n")
+    each = [int(line.split()[1]) / 1e6 for line in out if line.startswith("one ")]
+    total = next(int(line.split()[1]) / 1e6 for line in out if line.startswith("all "))
+    if len(each) != len(names):
+        raise HarnessError(f"guest loop: {len(each)} timings for {len(names)} names: {out}")
+    return each, total
+
+
+# --- the controller side ----------------------------------------------------------------
+
+
+@dataclass
+class Bench:
+    node: UmlNode
+    socket: Path
+    kubeconfig: Path
+    live: dict[str, str] = field(default_factory=dict)  # CSI name -> volume id, not yet deleted
+    seen: dict[str, float] = field(default_factory=dict)  # object name -> wall time first seen
+    ready: dict[str, float] = field(default_factory=dict)  # -> wall time status.volumeID seen
+    starts: dict[str, float] = field(default_factory=dict)  # -> wall time the RPC was sent
+    ends: dict[str, float] = field(default_factory=dict)  # -> wall time the RPC returned
+
+    async def run(self, args: argparse.Namespace) -> dict[str, Any]:
+        import grpc
+
+        from topolvm.constants import NORMAL
+        from topolvm.k8s import api
+        from topolvm.k8s.runtime import Informer
+        from topolvm.proto import csi_pb2 as csi
+        from topolvm.proto import csi_pb2_grpc as csi_grpc
+
+        self.csi = csi
+        self.names = NORMAL
+        client = api.make_client(str(self.kubeconfig))
+        informer = Informer(client, api.logicalvolume_resource(NORMAL))
+        informer.add_handler(self._on_lv_event)
+        watch = asyncio.create_task(informer.run())
+        channel = grpc.aio.insecure_channel(f"unix:{self.socket}")
+        self.stub = csi_grpc.ControllerStub(channel)
+        try:
+            await self._wait_capacity(client)
+            return await self._measure(args)
+        finally:
+            await self._delete_live()
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+            await channel.close(None)
+            await client.close()
+
+    def _on_lv_event(self, event: str, obj: dict[str, Any]) -> None:
+        now = time.time()
+        name = str(obj["metadata"]["name"])
+        self.seen.setdefault(name, now)
+        if event != "DELETED" and (obj.get("status") or {}).get("volumeID"):
+            self.ready.setdefault(name, now)
+
+    async def _wait_capacity(self, client: Any) -> None:
+        """Until the node annotates its capacity and the controller's GetCapacity shows it."""
+        from lightkube.resources.core_v1 import Node
+
+        from topolvm.k8s import api
+
+        key = self.names.capacity_annotation("")
+        topo = self.csi.Topology(segments={self.names.topology_key: NODE})
+        deadline = time.monotonic() + 120
+        while True:
+            obj = await api.get(client, Node, NODE) or {}
+            annotated = key in ((obj.get("metadata") or {}).get("annotations") or {})
+            if annotated:
+                req = self.csi.GetCapacityRequest(accessible_topology=topo)
+                if (await self.stub.GetCapacity(req, timeout=10)).available_capacity >= 4 * GiB:
+                    return
+            if time.monotonic() > deadline:
+                raise HarnessError(
+                    f"no capacity from {NODE} after 120 s (annotated: {annotated}); "
+                    f"topolvm-node log:\n{self.node.node_log()}"
+                )
+            await asyncio.sleep(0.2)
+
+    def _create_request(self, name: str) -> Any:
+        csi = self.csi
+        return csi.CreateVolumeRequest(
+            name=name,
+            capacity_range=csi.CapacityRange(required_bytes=SIZE),
+            volume_capabilities=[
+                csi.VolumeCapability(
+                    mount=csi.VolumeCapability.MountVolume(fs_type="ext4"),
+                    access_mode=csi.VolumeCapability.AccessMode(
+                        mode=csi.VolumeCapability.AccessMode.SINGLE_NODE_WRITER
+                    ),
+                )
+            ],
+            accessibility_requirements=csi.TopologyRequirement(
+                preferred=[csi.Topology(segments={self.names.topology_key: NODE})]
+            ),
+        )
+
+    async def create(self, name: str) -> float:
+        started = time.perf_counter()
+        self.starts[name] = time.time()
+        resp = await self.stub.CreateVolume(self._create_request(name), timeout=300)
+        self.ends[name] = time.time()
+        elapsed = time.perf_counter() - started
+        self.live[name] = resp.volume.volume_id
+        if resp.volume.capacity_bytes != SIZE:
+            raise HarnessError(f"{name}: {resp.volume.capacity_bytes} bytes, not {SIZE}")
+        return elapsed
+
+    async def delete(self, name: str) -> float:
+        started = time.perf_counter()
+        req = self.csi.DeleteVolumeRequest(volume_id=self.live[name])
+        await self.stub.DeleteVolume(req, timeout=300)
+        elapsed = time.perf_counter() - started
+        del self.live[name]
+        return elapsed
+
+    async def _delete_live(self) -> None:
+        """Best effort, also after a failure or Ctrl-C: what the bench created and still has."""
+        for name in list(self.live):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.delete(name), 120)
+
+    async def _guest(self, verb: str, names: list[str]) -> tuple[list[float], float]:
+        return await asyncio.to_thread(guest_loop, self.node, verb, names)
+
+    async def _measure(self, args: argparse.Namespace) -> dict[str, Any]:
+        count, block, tput, conc = args.count, args.block, args.tput_count, args.concurrency
+        # Warm-up: the first of each costs imports, connections, caches.
+        await self.create("warmup-0")
+        await self.delete("warmup-0")
+        await self._guest("create", ["warmup-b0"])
+        await self._guest("remove", ["warmup-b0"])
+        fullreport, _ = await self._guest("fullreport", [f"r{i}" for i in range(5)])
+        await asyncio.sleep(SETTLE)
+
+        ctl_create: list[float] = []
+        ctl_delete: list[float] = []
+        bare_create: list[float] = []
+        bare_remove: list[float] = []
+        latency_names: list[str] = []
+        blocks = [list(range(i, min(i + block, count))) for i in range(0, count, block)]
+        for b, idx in enumerate(blocks):
+            order = ("bare", "ctl") if b % 4 in (0, 3) else ("ctl", "bare")
+            for side in order:
+                if side == "bare":
+                    names = [f"bench-b-{i}" for i in idx]
+                    each, _ = await self._guest("create", names)
+                    bare_create += each
+                    each, _ = await self._guest("remove", names)
+                    bare_remove += each
+                else:
+                    names = [f"bench-l-{i}" for i in idx]
+                    latency_names += names
+                    for n in names:
+                        ctl_create.append(await self.create(n))
+                    for n in names:
+                        ctl_delete.append(await self.delete(n))
+                await asyncio.sleep(SETTLE)
+        print(f"latency: {count} volumes per side done", flush=True)
+
+        sem = asyncio.Semaphore(conc)
+
+        async def limited(fn: Callable[[str], Awaitable[float]], name: str) -> float:
+            async with sem:
+                return await fn(name)
+
+        tput_rounds: list[dict[str, Any]] = []
+        tput_names: list[str] = []
+        for r in range(args.tput_rounds):
+            for side in ("bare", "ctl") if r % 2 == 0 else ("ctl", "bare"):
+                if side == "bare":
+                    names = [f"bench-tb{r}-{i}" for i in range(tput)]
+                    _, create_s = await self._guest("create", names)
+                    _, remove_s = await self._guest("remove", names)
+                else:
+                    names = [f"bench-t{r}-{i}" for i in range(tput)]
+                    tput_names += names
+                    started = time.perf_counter()
+                    await asyncio.gather(*(limited(self.create, n) for n in names))
+                    create_s = time.perf_counter() - started
+                    started = time.perf_counter()
+                    await asyncio.gather(*(limited(self.delete, n) for n in names))
+                    remove_s = time.perf_counter() - started
+                tput_rounds.append(
+                    {"side": side, "round": r, "create_s": create_s, "delete_s": remove_s}
+                )
+                await asyncio.sleep(SETTLE)
+        print(f"throughput: {args.tput_rounds} x {tput} volumes per side done", flush=True)
+
+        return {
+            "latency": {
+                "CreateVolume": summary(ctl_create),
+                "lvcreate": summary(bare_create),
+                "DeleteVolume": summary(ctl_delete),
+                "lvremove": summary(bare_remove),
+            },
+            "throughput_rounds": tput_rounds,
+            "breakdown": {"c1": self._breakdown(latency_names),
+                          f"c{conc}": self._breakdown(tput_names)},
+            "fullreport_ms": statistics.median(fullreport) * 1e3,
+        }  # fmt: skip
+
+    def _breakdown(self, names: list[str]) -> dict[str, dict[str, float]]:
+        """Median and maximum (ms) of each stage of these CreateVolumes."""
+        created: dict[str, float] = {}
+        with contextlib.suppress(HarnessError, OSError, ValueError):
+            for line in self.node.node_log(lines=0).splitlines():
+                m = NODE_LOG_LINE.match(line)
+                if m:
+                    ts = time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")
+                    created[m.group(3)] = calendar.timegm(ts) + int(m.group(2)) / 1e3
+        stages: dict[str, list[float]] = {"rpc_to_object_seen": [], "object_seen_to_lv_created": [],
+                                          "lv_created_to_status_seen": [],
+                                          "status_seen_to_rpc_return": []}  # fmt: skip
+        for n in names:
+            if n not in self.seen or n not in self.ready or n not in self.ends:
+                continue
+            stages["rpc_to_object_seen"].append(self.seen[n] - self.starts[n])
+            stages["status_seen_to_rpc_return"].append(self.ends[n] - self.ready[n])
+            if n in created:
+                stages["object_seen_to_lv_created"].append(created[n] - self.seen[n])
+                stages["lv_created_to_status_seen"].append(self.ready[n] - created[n])
+        return {
+            k: {"median_ms": statistics.median(v) * 1e3, "max_ms": max(v) * 1e3}
+            for k, v in stages.items()
+            if v
+        }
+
+
+# --- set-up, report, clean-up -----------------------------------------------------------
+
+
+def report(results: dict[str, Any], args: argparse.Namespace, timing: dict[str, float]) -> None:
+    lat = results["latency"]
+    ratio_med = lat["CreateVolume"]["median_ms"] / lat["lvcreate"]["median_ms"]
+    ratio_p90 = lat["CreateVolume"]["p90_ms"] / lat["lvcreate"]["p90_ms"]
+    del_med = lat["DeleteVolume"]["median_ms"] / lat["lvremove"]["median_ms"]
+    del_p90 = lat["DeleteVolume"]["p90_ms"] / lat["lvremove"]["p90_ms"]
+    rounds = results["throughput_rounds"]
+    n = args.tput_count
+
+    def rate(side: str, key: str) -> float:
+        secs = sum(r[key] for r in rounds if r["side"] == side)
+        return float(n * sum(1 for r in rounds if r["side"] == side) / secs)
+
+    ctl_rate, bare_rate = rate("ctl", "create_s"), rate("bare", "create_s")
+    del_rate, rm_rate = rate("ctl", "delete_s"), rate("bare", "delete_s")
+    tput_ratio = ctl_rate / bare_rate
+    lat_ok = ratio_med <= LATENCY_TARGET
+    tput_ok = tput_ratio >= THROUGHPUT_TARGET
+    results["ratios"] = {
+        "create_latency_median": ratio_med, "create_latency_p90": ratio_p90,
+        "delete_latency_median": del_med, "delete_latency_p90": del_p90,
+        "create_throughput": tput_ratio, "delete_throughput": del_rate / rm_rate,
+    }  # fmt: skip
+    results["throughput"] = {"CreateVolume_per_s": ctl_rate, "lvcreate_per_s": bare_rate,
+                             "DeleteVolume_per_s": del_rate, "lvremove_per_s": rm_rate}  # fmt: skip
+    results["targets"] = {
+        "create_latency_median_max": LATENCY_TARGET, "create_latency_met": lat_ok,
+        "create_throughput_min": THROUGHPUT_TARGET, "create_throughput_met": tput_ok,
+    }  # fmt: skip
+
+    def met(ok: bool) -> str:
+        return "met" if ok else "NOT met"
+
+    print()
+    print(f"topolvm-controller vs bare LVM: 1 UML node, thick class, {SIZE // MiB} MiB volumes")
+    print("baseline: lvcreate/lvremove (argv as lvmd's) in ONE bash loop inside the guest, each")
+    print("timed there with $EPOCHREALTIME: the guest agent's round trip is not in the baseline")
+    print(f"\nlatency at concurrency 1 ({args.count} volumes per side, blocks of {args.block}, "
+          "ABBA order)")  # fmt: skip
+    print(f"{'':<28}{'median ms':>11}{'p90 ms':>10}{'min ms':>10}{'max ms':>10}")
+    for key in ("CreateVolume", "lvcreate", "DeleteVolume", "lvremove"):
+        s = lat[key]
+        print(f"{key:<28}{s['median_ms']:>11.1f}{s['p90_ms']:>10.1f}"
+              f"{s['min_ms']:>10.1f}{s['max_ms']:>10.1f}")  # fmt: skip
+    print(f"{'CreateVolume / lvcreate':<28}{ratio_med:>11.2f}{ratio_p90:>10.2f}"
+          f"   target median <= {LATENCY_TARGET}: {met(lat_ok)}")  # fmt: skip
+    print(f"{'DeleteVolume / lvremove':<28}{del_med:>11.2f}{del_p90:>10.2f}   (info)")
+    print(f"\nthroughput: {n} volumes, {args.concurrency} CreateVolume in flight vs {n} lvcreate "
+          f"one after another ({args.tput_rounds} rounds per side)")  # fmt: skip
+    print(f"{'':<28}{'volumes/s':>11}")
+    print(f"{'CreateVolume (c=' + str(args.concurrency) + ')':<28}{ctl_rate:>11.2f}")
+    print(f"{'lvcreate (serial)':<28}{bare_rate:>11.2f}")
+    print(f"{'ratio':<28}{tput_ratio:>11.2f}   target >= {THROUGHPUT_TARGET}: {met(tput_ok)}")
+    print(f"{'DeleteVolume (c=' + str(args.concurrency) + ')':<28}{del_rate:>11.2f}")
+    print(f"{'lvremove (serial)':<28}{rm_rate:>11.2f}")
+    print(f"{'ratio':<28}{del_rate / rm_rate:>11.2f}   (info)")
+    labels = {
+        "rpc_to_object_seen": "RPC sent -> LogicalVolume in a watch",
+        "object_seen_to_lv_created": "-> topolvm-node logged 'created LV'",
+        "lv_created_to_status_seen": "-> status.volumeID in a watch",
+        "status_seen_to_rpc_return": "-> CreateVolume returned",
+    }
+    bd = results["breakdown"]
+    c1, cn = bd["c1"], bd[f"c{args.concurrency}"]
+    print("\nwhere a CreateVolume's time goes (ms; host clock, which the guest shares):")
+    print(f"{'':<42}{'c=1 median':>11}{'max':>8}{'c=' + str(args.concurrency) + ' median':>13}"
+          f"{'max':>8}")  # fmt: skip
+    for key, label in labels.items():
+        cells = "".join(
+            f"{b[key]['median_ms']:>{w}.1f}{b[key]['max_ms']:>8.1f}" if key in b else " " * (w + 8)
+            for b, w in ((c1, 11), (cn, 13))
+        )
+        print(f"  {label:<40}{cells}")
+    print(f"  for reference: lvmd's 'lvm fullreport' alone in the guest, median "
+          f"{results['fullreport_ms']:.1f} ms; topolvm-node's\n  GetLVList before each lvcreate "
+          "runs one whenever an earlier change left lvmd's cache dirty")  # fmt: skip
+    load = os.getloadavg()
+    print(f"\nset-up {timing['setup_s']:.0f} s, measuring {timing['measure_s']:.0f} s, "
+          f"total {timing['total_s']:.0f} s; load average {load[0]:.2f} {load[1]:.2f}")  # fmt: skip
+    print(f"results: {RESULTS}")
+    sys.stdout.flush()
+
+
+def cleanup_cluster(cp: ControlPlane) -> None:
+    """Every LogicalVolume left (a Ctrl-C between create and delete): delete, let the node
+    remove its LV for a while, then drop the finalizers of what is left."""
+    with contextlib.suppress(Exception):
+        _cleanup_cluster(cp)
+
+
+def _cleanup_cluster(cp: ControlPlane) -> None:
+    group = "logicalvolumes.topolvm.io"
+    if not cp.kubectl("get", group, "-o", "name", check=False).strip():
+        return
+    cp.kubectl("delete", group, "--all", "--wait=false", check=False)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if not cp.kubectl("get", group, "-o", "name", check=False).strip():
+            return
+        time.sleep(0.5)
+    for name in cp.kubectl("get", group, "-o", "name", check=False).split():
+        cp.kubectl("patch", name, "--type=merge", "-p", '{"metadata":{"finalizers":null}}',
+                   check=False)  # fmt: skip
+
+
+def stop_node(node: UmlNode) -> None:
+    with contextlib.suppress(Exception):
+        node.stop_topolvm_node()
+    with contextlib.suppress(Exception):  # whatever a Ctrl-C left, baseline LVs included
+        node.lvm("lvremove", "-f", "-y", VG, check=False)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=20, help="volumes for latency, per side")
+    parser.add_argument("--block", type=int, default=5, help="latency volumes per block")
+    parser.add_argument("--tput-count", type=int, default=48, help="volumes for throughput")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--tput-rounds", type=int, default=2, help="throughput rounds per side")
+    parser.add_argument("--vg-gib", type=float, default=10.0)
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("run as root (network namespace, TAP link, UML)", file=sys.stderr)
+        return 1
+    if args.tput_count * SIZE > (args.vg_gib - 2) * GiB:
+        print("--tput-count volumes do not fit in --vg-gib", file=sys.stderr)
+        return 1
+    t0 = time.monotonic()
+    bins = gobuild.ensure(*CLUSTER_BINARIES)  # before the namespace: may need the module proxy
+    enter_private_netns()  # still one thread; gone with this process
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # clean up as on Ctrl-C
+    shutil.rmtree(WORKDIR, ignore_errors=True)
+    print("starting the control plane, a UML node and topolvm-controller ...", flush=True)
+    ok = False
+    try:
+        with contextlib.ExitStack() as stack:
+            cp = ControlPlane(WORKDIR / "controlplane", bins)
+            stack.callback(cp.stop)
+            cp.start()
+            node = UmlNode(NODE, 1, WORKDIR / "nodes", disks=(16 * GiB,))
+            stack.callback(node.stop)
+            node.start()
+            node.make_vg(VG, args.vg_gib)
+            cp.add_node(node.name)
+            cp.apply(csidriver("topolvm.io"))
+            cp.kubectl("create", "namespace", NAMESPACE, check=False)
+            stack.callback(stop_node, node)
+            node.start_topolvm_node(cp, [THICK])
+            driver = DriverStack(cp, bins, WORKDIR / "driver")
+            stack.callback(cleanup_cluster, cp)
+            stack.callback(driver.stop)
+            driver.start_controller()
+            t1 = time.monotonic()
+            bench = Bench(node, driver.socket, cp.kubeconfig)
+            results = asyncio.run(bench.run(args))
+            t2 = time.monotonic()
+        timing = {"setup_s": t1 - t0, "measure_s": t2 - t1, "total_s": time.monotonic() - t0}
+        results["timing"] = timing
+        results["parameters"] = {**vars(args), "size_bytes": SIZE, "node": NODE}
+        results["loadavg"] = list(os.getloadavg())
+        report(results, args, timing)
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+        ok = True
+    except HarnessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted; cleaned up", file=sys.stderr)
+        return 130
+    finally:
+        if ok:
+            shutil.rmtree(WORKDIR, ignore_errors=True)
+        else:
+            print(f"logs kept in {WORKDIR}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
