@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 import grpc
-from lightkube import AsyncClient
+from lightkube import ApiError, AsyncClient
 
 from topolvm.constants import CREATED_BY_LABEL, Names
 from topolvm.k8s import api
@@ -184,14 +184,15 @@ class LogicalVolumeReconciler:
     async def _set_status(
         self, name: str, volume_id: str, code: int, message: str, current_size: int | None
     ) -> None:
-        wanted = status_dict(
-            volume_id=volume_id, code=code, message=message, current_size=current_size
+        wanted: dict[str, Any] = {"volumeID": None, "code": None, "message": None,
+                                  "currentSize": None}  # fmt: skip
+        wanted.update(
+            status_dict(volume_id=volume_id, code=code, message=message, current_size=current_size)
         )
-
-        def mutate(obj: dict[str, Any]) -> bool:
-            if obj.get("status") == wanted:
-                return False
-            obj["status"] = wanted
-            return True
-
-        await api.modify(self.client, self.resource, name, mutate, status=True)
+        # one merge patch of the status subresource: set fields are written, the others
+        # (null) removed; only this node writes the status of its LogicalVolumes
+        try:
+            await api.patch_merge(self.client, self.resource.Status, name, {"status": wanted})
+        except ApiError as e:
+            if not api.is_not_found(e):
+                raise
