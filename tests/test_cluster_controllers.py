@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from devtools import gobuild
 from devtools.testbed.controlplane import ControlPlane
+from devtools.testbed.driver import DriverStack
 from tests.cluster_fixtures import unique
 from tests.helpers import eventually
 from topolvm.constants import NORMAL, RESIZEFS_REQUESTED_AT
@@ -183,9 +184,23 @@ class Bed:
         assert not pending, "a reconciler did not stop when cancelled"
 
 
+@pytest.fixture(scope="module")
+def no_other_reconcilers(driver: DriverStack) -> Iterator[None]:
+    """The session's topolvm-controller runs the same reconcilers (with other flags) on the
+    same cluster: stop it while this module's reconcilers are under test."""
+    driver.stop_controller()
+    try:
+        yield
+    finally:
+        driver.restart_after_crash()
+
+
 @pytest.fixture
 async def bed(
-    control_plane: ControlPlane, cluster_client: AsyncClient, tmp_path: Path
+    control_plane: ControlPlane,
+    cluster_client: AsyncClient,
+    tmp_path: Path,
+    no_other_reconcilers: None,
 ) -> AsyncIterator[Bed]:
     b = Bed(control_plane, cluster_client, tmp_path)
     try:

@@ -1,21 +1,21 @@
-"""A pod with a TopoLVM PVC, end to end on the real control plane and UML nodes with real LVM:
-kube-scheduler + topolvm-scheduler pick the node with the most free space, a LogicalVolume for
-that node (written by the test, as topolvm-controller will) becomes an LV in its VG, and the
-kubelet stand-in mounts it (a filesystem and a block volume); the filesystem then grows
-online through NodeExpandVolume."""
+"""A pod with TopoLVM PVCs in extender mode, end to end on the real control plane and UML nodes
+with real LVM: kube-scheduler + topolvm-scheduler pick the node with the most free space,
+csi-provisioner + topolvm-controller provision the claims there, the node makes the LVs, and the
+kubelet stand-in mounts them (a filesystem and a block volume); the filesystem then grows
+online (csi-resizer, ControllerExpandVolume, NodeExpandVolume)."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import PersistentVolume, PersistentVolumeClaim, Pod
 
 from devtools.testbed.controlplane import ControlPlane
+from devtools.testbed.driver import DriverStack
 from devtools.testbed.kubelet import KubeletStandIn
 from devtools.testbed.process import Child
 from devtools.testbed.umlnode import UmlNode
@@ -24,94 +24,11 @@ from tests.helpers import eventually
 from tests.lvm_fixtures import THICK
 from topolvm.constants import NORMAL
 from topolvm.k8s import api
-from topolvm.k8s.logicalvolume import parse_quantity
 
 pytestmark = pytest.mark.cluster
 GiB = 1 << 30
 LV = api.logicalvolume_resource(NORMAL)
 SELECTED_NODE = "volume.kubernetes.io/selected-node"
-
-
-async def provision_as_the_controller_will(
-    client: AsyncClient, pvc_name: str, storage_class: str, fs_type: str, block: bool = False
-) -> tuple[str, str, str]:
-    """Stand-in for topolvm-controller (not built yet): once kube-scheduler has selected a
-    node, write a LogicalVolume for it, wait for the node to create the LV, then write the PV
-    that binds the claim. Returns (node, LogicalVolume name, volume id)."""
-
-    async def selected() -> dict[str, Any] | None:
-        pvc = await api.get(client, PersistentVolumeClaim, pvc_name, namespace="default")
-        annotations = (pvc or {}).get("metadata", {}).get("annotations") or {}
-        return pvc if SELECTED_NODE in annotations else None
-
-    pvc = await eventually(f"{SELECTED_NODE} on {pvc_name}", selected)
-    node = pvc["metadata"]["annotations"][SELECTED_NODE]
-    size = parse_quantity(pvc["spec"]["resources"]["requests"]["storage"])
-    name = f"pvc-{pvc['metadata']['uid']}"
-    await client.create(
-        LV.from_dict(
-            {
-                "apiVersion": f"{NORMAL.group}/v1",
-                "kind": "LogicalVolume",
-                "metadata": {"name": name},
-                "spec": {"name": name, "nodeName": node, "size": str(size), "deviceClass": "ssd"},
-            }
-        )
-    )
-
-    async def created() -> str | None:
-        obj = await api.get(client, LV, name)
-        status = (obj or {}).get("status") or {}
-        assert not status.get("code"), f"the node failed to create the LV: {status}"
-        return status.get("volumeID")
-
-    volume_id: str = await eventually(f"LogicalVolume {name} created", created)
-    await client.create(
-        cast(
-            PersistentVolume,
-            PersistentVolume.from_dict(
-                {
-                    "apiVersion": "v1",
-                    "kind": "PersistentVolume",
-                    "metadata": {"name": name},
-                    "spec": {
-                        "capacity": {"storage": f"{size // GiB}Gi"},
-                        "accessModes": ["ReadWriteOnce"],
-                        "persistentVolumeReclaimPolicy": "Delete",
-                        "storageClassName": storage_class,
-                        "volumeMode": "Block" if block else "Filesystem",
-                        "claimRef": {
-                            "namespace": "default",
-                            "name": pvc_name,
-                            "uid": pvc["metadata"]["uid"],
-                        },
-                        "csi": {
-                            "driver": "topolvm.io",
-                            "volumeHandle": volume_id,
-                            **({} if block else {"fsType": fs_type}),
-                            "volumeAttributes": {"topolvm.io/device-class": "ssd"},
-                        },
-                        "nodeAffinity": {
-                            "required": {
-                                "nodeSelectorTerms": [
-                                    {
-                                        "matchExpressions": [
-                                            {
-                                                "key": "topology.topolvm.io/node",
-                                                "operator": "In",
-                                                "values": [node],
-                                            }
-                                        ]
-                                    }
-                                ]
-                            }
-                        },
-                    },
-                }
-            ),
-        )
-    )
-    return node, name, volume_id
 
 
 def claim(name: str, sc: str, size: str, block: bool = False) -> dict[str, Any]:
@@ -128,36 +45,41 @@ def claim(name: str, sc: str, size: str, block: bool = False) -> dict[str, Any]:
     }
 
 
-async def grow_as_the_controller_and_resizer_will(
-    cp: ControlPlane, client: AsyncClient, pvc: str, lv_name: str, size: int
-) -> None:
-    """The user asks for more; topolvm-controller raises the LogicalVolume (ControllerExpand),
-    csi-resizer records the new PV size and marks the claim for the node's part."""
-    quantity = f"{size // GiB}Gi"
-    request = {"spec": {"resources": {"requests": {"storage": quantity}}}}
-    cp.kubectl("patch", "pvc", pvc, "-n", "default", "--type=merge", "-p", json.dumps(request))
-    await api.patch_merge(client, LV, lv_name, {"spec": {"size": str(size)}})
+async def bound_volume(client: AsyncClient, pvc_name: str) -> tuple[str, str, str]:
+    """(node, PV = LogicalVolume name, volume id) once csi-provisioner and topolvm-controller
+    have provisioned the claim on the node kube-scheduler selected."""
 
-    async def grown() -> bool:
-        obj = await api.get(client, LV, lv_name)
-        return ((obj or {}).get("status") or {}).get("currentSize") == quantity
+    async def check() -> dict[str, Any] | None:
+        pvc = await api.get(client, PersistentVolumeClaim, pvc_name, namespace="default")
+        return pvc if pvc and pvc.get("status", {}).get("phase") == "Bound" else None
 
-    await eventually("the LV to grow", grown)
-    await api.patch_merge(
-        client, PersistentVolume, lv_name, {"spec": {"capacity": {"storage": quantity}}}
-    )
-    await api.patch_merge(
-        client,
-        PersistentVolumeClaim.Status,
-        pvc,
-        {"status": {"conditions": [{"type": "FileSystemResizePending", "status": "True"}]}},
-        namespace="default",
-    )
+    pvc = await eventually(f"{pvc_name} Bound", check, timeout=120)
+    pv = await api.get(client, PersistentVolume, pvc["spec"]["volumeName"])
+    assert pv is not None
+    terms = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
+    node = terms[0]["matchExpressions"][0]["values"][0]
+    return str(node), str(pv["metadata"]["name"]), str(pv["spec"]["csi"]["volumeHandle"])
+
+
+async def grow(client: AsyncClient, pvc: str, size: str) -> None:
+    """The user asks for more; csi-resizer and topolvm-controller raise the LV, then the claim
+    waits for the node's part."""
+    await api.patch_merge(client, PersistentVolumeClaim, pvc,
+                          {"spec": {"resources": {"requests": {"storage": size}}}},
+                          namespace="default")  # fmt: skip
+
+    async def pending() -> bool:
+        obj = await api.get(client, PersistentVolumeClaim, pvc, namespace="default")
+        conds = (obj or {}).get("status", {}).get("conditions") or []
+        return any(c["type"] == "FileSystemResizePending" for c in conds)
+
+    await eventually(f"{pvc} waits for the node's part of the resize", pending, timeout=90)
 
 
 async def test_pod_with_pvcs_lands_on_the_roomiest_uml_node_and_gets_its_volumes(
     control_plane: ControlPlane,
     extenders: dict[str, Child],
+    driver: DriverStack,
     uml_nodes: UmlNodes,
     kubelet: Callable[[list[UmlNode]], KubeletStandIn],
     cluster_client: AsyncClient,
@@ -221,14 +143,10 @@ async def test_pod_with_pvcs_lands_on_the_roomiest_uml_node_and_gets_its_volumes
         },
     )
     try:
-        node_name, data_lv, data_id = await provision_as_the_controller_will(
-            cluster_client, data, sc, "xfs"
-        )
+        node_name, data_lv, data_id = await bound_volume(cluster_client, data)
         volumes.append(data_lv)
         assert node_name == roomiest.name
-        raw_node, raw_lv, raw_id = await provision_as_the_controller_will(
-            cluster_client, raw, sc, "", block=True
-        )
+        raw_node, raw_lv, raw_id = await bound_volume(cluster_client, raw)
         volumes.append(raw_lv)
         assert raw_node == roomiest.name
         lvs = roomiest.lvs("vg1")
@@ -251,9 +169,7 @@ async def test_pod_with_pvcs_lands_on_the_roomiest_uml_node_and_gets_its_volumes
         assert running is not None and running["status"]["phase"] == "Running"
 
         # Online resize of the filesystem: the node's part through the kubelet stand-in.
-        await grow_as_the_controller_and_resizer_will(
-            control_plane, cluster_client, data, data_lv, 3 * GiB
-        )
+        await grow(cluster_client, data, "3Gi")
         await standin.expand_pvc(pod, data)
         df = roomiest.exec("df", "-B1", "--output=size", fs.target).stdout.split()[-1]
         assert int(df) > 2 * GiB + GiB // 2  # xfs grew (minus its own metadata)
@@ -278,16 +194,10 @@ async def test_pod_with_pvcs_lands_on_the_roomiest_uml_node_and_gets_its_volumes
         control_plane.kubectl(
             "delete", "pvc", data, raw, "-n", "default", "--wait=false", check=False
         )
-        # Without topolvm-controller nothing deletes the volume behind a released PV: do its part.
-        for name in volumes:
-            control_plane.kubectl("delete", "pv", name, "--wait=false", check=False)
-            control_plane.kubectl(
-                "delete", f"logicalvolumes.{NORMAL.group}", name, "--wait=false", check=False
-            )
         control_plane.kubectl("delete", "storageclass", sc, check=False)
 
     async def volumes_gone() -> bool:
         return all([await api.get(cluster_client, LV, name) is None for name in volumes])
 
-    await eventually("LogicalVolumes removed by the node", volumes_gone)
+    await eventually("PVs and LogicalVolumes deleted", volumes_gone, timeout=120)
     assert roomiest.lvs("vg1") == {}
