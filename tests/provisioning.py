@@ -101,17 +101,29 @@ async def scheduled(client: AsyncClient, name: str, timeout: float = 120) -> str
     return node
 
 
-async def unschedulable_message(client: AsyncClient, name: str, timeout: float = 60) -> str:
-    """The PodScheduled=False message kube-scheduler wrote for the pod."""
+async def unschedulable_message(
+    client: AsyncClient, name: str, expected: str = "", timeout: float = 120
+) -> str:
+    """The PodScheduled=False message kube-scheduler wrote for the pod, once it contains
+    ``expected``. (Before csi-provisioner re-publishes capacity, kube-scheduler may still pick
+    a node that just filled up; the controller then refuses it with RESOURCE_EXHAUSTED, the
+    message is "provisioning failed", and the pod is scheduled again.)"""
+    seen: list[str] = []
 
     async def check() -> str | None:
         obj = await api.get(client, Pod, name, namespace=NS)
         for c in (obj or {}).get("status", {}).get("conditions") or []:
             if c["type"] == "PodScheduled" and c["status"] == "False" and c.get("message"):
-                return str(c["message"])
+                seen.append(str(c["message"]))
+                return seen[-1] if expected in seen[-1] else None
+            if c["type"] == "PodScheduled" and c["status"] == "True":
+                raise AssertionError(f"pod {name} was scheduled; messages before: {seen}")
         return None
 
-    msg: str = await eventually(f"pod {name} unschedulable", check, timeout=timeout)
+    msg: str = await eventually(
+        f"pod {name} unschedulable with {expected!r}", check, timeout=timeout,
+        details=lambda: f"messages seen: {seen[-3:]}",
+    )  # fmt: skip
     return msg
 
 

@@ -80,7 +80,7 @@ async def test_pod_lands_where_its_volume_fits_and_a_second_one_does_not_fit(
 
     # 11 - 6 = 5 GiB left there, 2 and 4 elsewhere: a second 6Gi claim fits nowhere.
     s.apply(claim(second, sc, "6Gi"), pod(app2, s.group, [second]))
-    message = await unschedulable_message(s.client, app2)
+    message = await unschedulable_message(s.client, app2, "did not have enough free storage")
     assert "did not have enough free storage" in message, message
 
 
@@ -213,5 +213,5 @@ async def test_unknown_device_class_never_schedules(three: Scenario) -> None:
     sc = s.sc(device_class="not-found-device")
     data, app = unique("data"), unique("app")
     s.apply(claim(data, sc, "1Gi"), pod(app, s.group, [data]))
-    message = await unschedulable_message(s.client, app)
+    message = await unschedulable_message(s.client, app, "did not have enough free storage")
     assert "did not have enough free storage" in message, message

@@ -764,10 +764,10 @@ async def test_unpublish_never_published_and_legacy_device(env: Env) -> None:
 
 
 async def test_rpcs_are_logged(env: Env, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="topolvm.node.csi_node")
+    caplog.set_level(logging.INFO, logger="topolvm.csi.status")
     await env.unpublish("fake-vol-id", env.target("log"))
     await code_of(env.stats("fake-vol-id", "some/path"))
-    records = [r for r in caplog.records if r.name == "topolvm.node.csi_node"]
+    records = [r for r in caplog.records if r.name == "topolvm.csi.status"]
     by_rpc = {getattr(r, "rpc", ""): r for r in records}
     ok = by_rpc["NodeUnpublishVolume"]
     assert (getattr(ok, "volume_id", None), getattr(ok, "code", None)) == ("fake-vol-id", "OK")

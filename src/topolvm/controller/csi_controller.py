@@ -123,6 +123,7 @@ class ControllerService(csi_grpc.ControllerServicer):
         free = capacity_annotations.node_free(
             self.names, self.nodes.annotations(node), device_class
         )
+        self.inflight.observe(node, lambda dc: self._annotation(node, dc))
         creating = [
             (lv.name, lv.size)
             for lv in self.store.on_node(node)

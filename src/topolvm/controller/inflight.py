@@ -5,9 +5,9 @@ A node rewrites ``capacity.<p>/<dc>`` after every LV change, but some time after
 controller writing a LogicalVolume and that rewrite, the annotation still counts the space as
 free. Each volume is therefore *taken* from the moment CreateVolume picks a node until
 - it failed or was deleted (:meth:`release`), or
-- its LV exists (:meth:`settle`) and the annotation changed since the reservation (the node has
-  re-counted), or ``settle_timeout`` passed since it settled (a lost update must not hide space
-  for ever).
+- its LV exists (:meth:`settle`) and, at least ``settle_delay`` later, the annotation differs
+  from its value at the reservation (the node has re-counted with the LV in it), or
+  ``settle_timeout`` passed since it settled (a lost update must not hide space for ever).
 LogicalVolumes other replicas are creating come from the informer (:meth:`creating`).
 """
 
@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 SETTLE_TIMEOUT = 120.0
+SETTLE_DELAY = 5.0  # a node re-counts within about a second of an LV change
 
 
 @dataclass
@@ -35,8 +36,10 @@ class InFlight:
         self,
         settle_timeout: float = SETTLE_TIMEOUT,
         clock: Callable[[], float] = time.monotonic,
+        settle_delay: float = SETTLE_DELAY,
     ):
         self.settle_timeout = settle_timeout
+        self.settle_delay = settle_delay
         self.clock = clock
         self._by_name: dict[str, Reservation] = {}
 
@@ -48,15 +51,12 @@ class InFlight:
         if name not in self._by_name:
             self._by_name[name] = Reservation(name, node, device_class, size, annotation)
 
-    def settle(self, name: str, annotation: str | None) -> None:
-        """The LV exists; ``annotation`` is the node's current value. If it already changed
-        since the reservation, the node has re-counted (the LV is in it): drop it now."""
+    def settle(self, name: str, annotation: str | None = None) -> None:
+        """The LV exists. The reservation stays until :meth:`observe` sees the annotation
+        changed at least ``settle_delay`` after this: a change seen earlier may be the node
+        re-counting for another volume, written before this LV existed."""
         r = self._by_name.get(name)
-        if r is None or r.settled_at is not None:
-            return
-        if annotation != r.annotation:
-            del self._by_name[name]
-        else:
+        if r is not None and r.settled_at is None:
             r.settled_at = self.clock()
 
     def release(self, name: str) -> None:
@@ -68,8 +68,9 @@ class InFlight:
         for r in list(self._by_name.values()):
             if r.node != node or r.settled_at is None:
                 continue
+            age = now - r.settled_at
             changed = annotation_of(r.device_class) != r.annotation
-            if changed or now - r.settled_at > self.settle_timeout:
+            if (changed and age >= self.settle_delay) or age > self.settle_timeout:
                 del self._by_name[r.name]
 
     def expire(self) -> None:
