@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from topolvm.cliargs import add_bool_flag, bind_address, go_duration
 from topolvm.config.errors import ConfigError
 from topolvm.constants import DEFAULT_CSI_SOCKET, legacy_from_env, names
-from topolvm.k8s.api import KubeError, make_client
+from topolvm.k8s.api import KubeError, with_client
 from topolvm.k8s.logicalvolume import InvalidQuantity, parse_quantity
 
 if TYPE_CHECKING:
@@ -174,22 +174,12 @@ def options_from_args(args: argparse.Namespace) -> ControllerOptions:
     )
 
 
-async def _main(args: argparse.Namespace, options: ControllerOptions) -> None:
-    from topolvm.controller.app import serve
-
-    client = make_client(args.kubeconfig)
-    try:
-        await serve(client, options)
-    finally:
-        await client.close()
-
-
 def run(args: argparse.Namespace) -> int:
-    from topolvm.controller.app import StartupError
+    from topolvm.controller.app import StartupError, serve
 
     options = options_from_args(args)
     try:
-        asyncio.run(_main(args, options))
+        asyncio.run(with_client(args.kubeconfig, lambda client: serve(client, options)))
     except (StartupError, KubeError) as e:
         log.error(f"topolvm-controller cannot start: {e}")
         return 1

@@ -49,6 +49,18 @@ def make_client(kubeconfig: str | None = None, server: str | None = None) -> Asy
     return AsyncClient(config, field_manager="topolvm", trust_env=not server)
 
 
+async def with_client(
+    kubeconfig: str | None, use: Callable[[AsyncClient], Awaitable[None]]
+) -> None:
+    """Run ``use(client)`` with a client from ``kubeconfig`` (see :func:`make_client`), closed
+    afterwards: the daemons' main coroutine."""
+    client = make_client(kubeconfig)
+    try:
+        await use(client)
+    finally:
+        await client.close()
+
+
 def code_of(e: BaseException) -> int | None:
     """HTTP status of an API error (None for transport errors)."""
     if isinstance(e, ApiError):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from topolvm.cliargs import add_bool_flag, bind_address, positive_seconds
 from topolvm.config.errors import ConfigError
 from topolvm.constants import DEFAULT_CSI_SOCKET, DEFAULT_LVMD_SOCKET, legacy_from_env, names
-from topolvm.k8s.api import KubeError, make_client
+from topolvm.k8s.api import KubeError, with_client
 from topolvm.lvm.errors import LvmError
 from topolvm.lvmd import cli as lvmd_cli
 from topolvm.lvmd.server import Options
@@ -99,23 +99,13 @@ def options_from_args(args: argparse.Namespace) -> NodeOptions:
     )
 
 
-async def _main(args: argparse.Namespace, options: NodeOptions) -> None:
-    from topolvm.node.app import serve
-
-    client = make_client(args.kubeconfig)
-    try:
-        await serve(client, options)
-    finally:
-        await client.close()
-
-
 def run(args: argparse.Namespace) -> int:
     # Imported here so that ``topolvm --help`` and other commands do not load the node's stack.
-    from topolvm.node.app import StartupError
+    from topolvm.node.app import StartupError, serve
 
     options = options_from_args(args)
     try:
-        asyncio.run(_main(args, options))
+        asyncio.run(with_client(args.kubeconfig, lambda client: serve(client, options)))
     except (StartupError, LvmdStartupError, LvmError, KubeError) as e:
         log.error(f"topolvm-node cannot start: {e}")
         return 1
