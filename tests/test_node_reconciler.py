@@ -121,7 +121,7 @@ async def env(vgs: VolumeGroups, lvmd_factory: Any, kube: KubeEmulator) -> Async
 
 async def test_status_write_lost_then_restart_creates_once(env: Env) -> None:
     """Every status write fails for a while (the LV exists by then); the retry adopts it."""
-    env.kube.inject("PUT", "logicalvolumes", subresource="status", code=500, times=3)
+    env.kube.inject("PATCH", "logicalvolumes", subresource="status", code=500, times=3)
     env.start_node()
     uid = await env.create_lv("pvc-lost", "1Gi")
     status = await env.wait_status("pvc-lost")
@@ -129,13 +129,13 @@ async def test_status_write_lost_then_restart_creates_once(env: Env) -> None:
     assert [n for n in lvs() if n != "pool0"] == [uid]
     failed = [
         r for r in env.kube.requests
-        if r.method == "PUT" and r.path.endswith("/pvc-lost/status")
+        if r.method == "PATCH" and r.path.endswith("/pvc-lost/status")
     ]  # fmt: skip
     assert len(failed) >= 4  # three injected failures, then the write that stuck
 
 
 async def test_conflicts_during_status_update_are_retried(env: Env) -> None:
-    env.kube.inject("PUT", "logicalvolumes", subresource="status", code=409, times=3)
+    env.kube.inject("PATCH", "logicalvolumes", subresource="status", code=409, times=3)
     env.start_node()
     uid = await env.create_lv("pvc-409", "1Gi")
     status = await env.wait_status("pvc-409")
