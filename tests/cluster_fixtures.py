@@ -232,10 +232,31 @@ def driver(
     csi-resizer, csi-snapshotter and snapshot-controller, and the CSIDriver ``topolvm.io``."""
     bins = gobuild.ensure(*SIDECAR_BINARIES)
     stack = DriverStack(control_plane, bins, tmp_path_factory.mktemp("driver")).start()
+    _RUNNING_DRIVERS.append(stack)
     try:
         yield stack
     finally:
+        _RUNNING_DRIVERS.remove(stack)
         stack.stop()
+
+
+_RUNNING_DRIVERS: list[DriverStack] = []
+
+
+@contextlib.contextmanager
+def session_controller_paused() -> Iterator[None]:
+    """Stop the session's topolvm-controller and its CSI sidecars, if they run, for a test of
+    behaviour that they would change (node-deletion cleanup deleting the test's LogicalVolumes,
+    csi-snapshotter acting on the test's VolumeSnapshotContents); starts them again afterwards.
+    Starts nothing when no driver runs."""
+    stacks = [s for s in _RUNNING_DRIVERS if "topolvm-controller" in s.children]
+    for stack in stacks:
+        stack.stop_controller(sidecars=True)
+    try:
+        yield
+    finally:
+        for stack in stacks:
+            stack.restart_after_crash()
 
 
 @pytest.fixture

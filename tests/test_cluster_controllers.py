@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from devtools import gobuild
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import DriverStack
-from tests.cluster_fixtures import unique
+from tests.cluster_fixtures import session_controller_paused, unique
 from tests.helpers import eventually
 from topolvm.constants import NORMAL, RESIZEFS_REQUESTED_AT
 from topolvm.controller.lvgc import LogicalVolumeGC, VolumeSnapshotContent
@@ -188,11 +188,8 @@ class Bed:
 def no_other_reconcilers(driver: DriverStack) -> Iterator[None]:
     """The session's topolvm-controller runs the same reconcilers (with other flags) on the
     same cluster: stop it while this module's reconcilers are under test."""
-    driver.stop_controller()
-    try:
+    with session_controller_paused():
         yield
-    finally:
-        driver.restart_after_crash()
 
 
 @pytest.fixture

@@ -19,7 +19,13 @@ from lightkube.resources.core_v1 import Node
 
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.umlnode import UmlNode
-from tests.cluster_fixtures import NodeSet, UmlNodes, node_annotations, unique
+from tests.cluster_fixtures import (
+    NodeSet,
+    UmlNodes,
+    node_annotations,
+    session_controller_paused,
+    unique,
+)
 from tests.helpers import eventually
 from tests.lvm_fixtures import THICK, THIN
 from topolvm.constants import LEGACY, NORMAL, Names
@@ -374,15 +380,17 @@ async def test_capacity_annotations_follow_lvm_and_node_finalizer(
     samples = await asyncio.to_thread(metrics, node)
     assert samples["topolvm_volumegroup_available_bytes", "ssd"] == vg_free - spare - GiB
 
-    # Deleting the Node: the finalizer holds it, and topolvm-node stops exporting.
-    await cluster_client.delete(Node, node.name)
-    pending = await api.get(cluster_client, Node, node.name)
-    assert pending is not None and pending["metadata"].get("deletionTimestamp")
-    assert NORMAL.node_finalizer in pending["metadata"]["finalizers"]
-    # The next change lvmd reports makes the exporter stop; LogicalVolumes still reconcile.
-    name, _ = await create_lv(cluster_client, node.name, GiB)
-    await wait_status(cluster_client, name)
-    await eventually(
-        "the exporter to stop",
-        lambda: asyncio.to_thread(lambda: "no more capacity updates" in node.node_log(lines=0)),
-    )
+    # Deleting the Node: the finalizer holds it, and topolvm-node stops exporting. (A running
+    # topolvm-controller would clean the Node up at once, LogicalVolumes included: paused.)
+    with session_controller_paused():
+        await cluster_client.delete(Node, node.name)
+        pending = await api.get(cluster_client, Node, node.name)
+        assert pending is not None and pending["metadata"].get("deletionTimestamp")
+        assert NORMAL.node_finalizer in pending["metadata"]["finalizers"]
+        # The next change lvmd reports makes the exporter stop; LogicalVolumes still reconcile.
+        name, _ = await create_lv(cluster_client, node.name, GiB)
+        await wait_status(cluster_client, name)
+        await eventually(
+            "the exporter to stop",
+            lambda: asyncio.to_thread(lambda: "no more capacity updates" in node.node_log(lines=0)),
+        )

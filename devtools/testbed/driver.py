@@ -15,6 +15,8 @@ from devtools.testbed.process import Child, http_get, kill_group
 
 SIDECAR_BINARIES = ("csi-provisioner", "csi-resizer", "csi-snapshotter", "snapshot-controller",
                     "snapshot-crds")  # fmt: skip
+CSI_SIDECARS = ("csi-provisioner", "csi-resizer", "csi-snapshotter")
+"""The sidecars that talk to the controller's CSI socket."""
 NAMESPACE = "topolvm-system"
 
 
@@ -97,20 +99,25 @@ class DriverStack:
         """Start the controller again, and the sidecars: each exits when it loses its CSI
         connection (some only at their next call), and the kubelet restarts them in a real
         pod; restarting all of them here makes that deterministic."""
-        for name in ("csi-provisioner", "csi-resizer", "csi-snapshotter"):
+        for name in CSI_SIDECARS:
             child = self.children.get(name)
             if child is not None:
                 child.stop()
         self.start_controller()
-        for name in ("csi-provisioner", "csi-resizer", "csi-snapshotter"):
+        for name in CSI_SIDECARS:
             child = self.children.get(name)
             if child is not None:
                 child.start()
 
-    def stop_controller(self) -> None:
+    def stop_controller(self, sidecars: bool = False) -> None:
+        """Stop ``topolvm controller`` (and with ``sidecars`` the CSI sidecars, which would
+        otherwise act on objects meanwhile); :meth:`restart_after_crash` starts them again."""
         child = self.children.pop("topolvm-controller", None)
         if child is not None:
             child.stop()
+        for name in CSI_SIDECARS if sidecars else ():
+            if (sidecar := self.children.get(name)) is not None:
+                sidecar.stop()
 
     def _start_sidecars(self) -> None:
         common = [f"--csi-address={self.socket}", f"--kubeconfig={self.cp.kubeconfig}", "--v=2"]

@@ -1,0 +1,233 @@
+"""The Helm chart (charts/topolvm): lint, render every documented mode, check what each mode
+renders, that every ``topolvm`` command line in it parses with our CLI, and that the schema
+rejects a misspelled key by name. helm 4 comes from devtools.helm; no cluster is needed."""
+
+from __future__ import annotations
+
+import functools
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from devtools.helm import helm
+from topolvm.cli import build_parser
+from topolvm.config.lvmd import load_lvmd_config
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "topolvm"
+MODES = sorted(p.name.removesuffix("-values.yaml") for p in (CHART / "ci").glob("*-values.yaml"))
+NS = "topolvm-system"
+
+
+def run_helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(helm()), *args], capture_output=True, text=True, check=check, timeout=120
+    )
+
+
+def values_args(mode: str | None, sets: tuple[str, ...] = ()) -> list[str]:
+    files = ["-f", str(CHART / "ci" / f"{mode}-values.yaml")] if mode else []
+    return files + [a for s in sets for a in ("--set", s)]
+
+
+@functools.cache
+def render(mode: str | None = None, sets: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    out = run_helm("template", "t", str(CHART), "-n", NS, *values_args(mode, sets)).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def notes(mode: str | None = None, sets: tuple[str, ...] = ()) -> str:
+    res = run_helm("install", "t", str(CHART), "-n", NS, "--dry-run=client",
+                   *values_args(mode, sets))  # fmt: skip
+    return res.stdout.split("NOTES:", 1)[1]
+
+
+def kinds(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def containers(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for d in docs:
+        if d["kind"] in ("Deployment", "DaemonSet"):
+            spec = d["spec"]["template"]["spec"]
+            out += spec.get("initContainers", []) + spec["containers"]
+    return out
+
+
+def container(docs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [c for c in containers(docs) if c["name"] == name]
+
+
+def argv_of(c: dict[str, Any]) -> list[str]:
+    return [*c.get("command", []), *c.get("args", [])]
+
+
+def topolvm_argv(c: dict[str, Any]) -> list[str] | None:
+    argv = argv_of(c)
+    if argv and argv[0].endswith("topolvm"):
+        return argv[1:]
+    if argv[:2] == ["sh", "-c"] and "topolvm " in argv[2]:
+        return shlex.split(argv[2])[1:]
+    return None
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_lint_is_clean_in_every_mode(mode: str) -> None:
+    res = run_helm("lint", "--strict", str(CHART), *values_args(mode), check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_topolvm_command_line_parses(mode: str) -> None:
+    docs = render(mode)
+    parser = build_parser()
+    argvs = [a for c in containers(docs) if (a := topolvm_argv(c)) is not None]
+    probes = [
+        a
+        for c in containers(docs)
+        if (cmd := c.get("livenessProbe", {}).get("exec", {}).get("command"))
+        and cmd[0].endswith("topolvm")
+        and (a := cmd[1:])
+    ]
+    assert argvs, "no topolvm container rendered"
+    for argv in argvs + probes:
+        parser.parse_args(argv)  # exits (SystemExit) on an unknown flag
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_lvmd_configs_load(mode: str, tmp_path: Path) -> None:
+    for name, cm in kinds(render(mode), "ConfigMap").items():
+        if "lvmd.yaml" in cm.get("data", {}):
+            path = tmp_path / f"{name}.yaml"
+            path.write_text(cm["data"]["lvmd.yaml"])
+            assert load_lvmd_config(path).device_classes, name
+
+
+def test_default_is_storage_capacity_tracking_without_webhook_or_scheduler() -> None:
+    docs = render()
+    [driver] = kinds(docs, "CSIDriver").values()
+    assert driver["metadata"]["name"] == "topolvm.io"
+    assert driver["spec"]["storageCapacity"] is True
+    assert driver["spec"]["attachRequired"] is False and driver["spec"]["podInfoOnMount"] is True
+    assert not kinds(docs, "MutatingWebhookConfiguration")
+    assert not [d for d in docs if "scheduler" in d["metadata"]["name"]]
+    [prov] = container(docs, "csi-provisioner")
+    assert {"--enable-capacity", "--capacity-ownerref-level=2"} <= set(argv_of(prov))
+    [ctl] = container(docs, "topolvm-controller")
+    assert "--enable-webhooks=false" in topolvm_argv(ctl)  # type: ignore[operator]
+    assert "--pod-webhook-marker" not in str(ctl)
+    assert "Storage Capacity Tracking" in notes() and "WARNING" not in notes()
+    [sc] = kinds(docs, "StorageClass").values()
+    assert sc["provisioner"] == "topolvm.io"
+    assert sc["volumeBindingMode"] == "WaitForFirstConsumer"
+    assert sc["parameters"]["csi.storage.k8s.io/fstype"] == "xfs"
+
+
+def test_capacity_tracking_off_follows_into_the_csidriver_and_provisioner() -> None:
+    docs = render(None, ("controller.storageCapacityTracking.enabled=false",))
+    [driver] = kinds(docs, "CSIDriver").values()
+    assert driver["spec"]["storageCapacity"] is False
+    [prov] = container(docs, "csi-provisioner")
+    assert "--enable-capacity" not in argv_of(prov)
+    assert "pods are\n  placed without capacity checks" in notes(
+        None, ("controller.storageCapacityTracking.enabled=false",)
+    )
+
+
+@pytest.mark.parametrize("mode", ["extender-daemonset", "extender-deployment"])
+def test_extender_modes_print_the_kube_scheduler_stanza(mode: str) -> None:
+    docs = render(mode)
+    kind = "DaemonSet" if mode.endswith("daemonset") else "Deployment"
+    assert [n for n in kinds(docs, kind) if n.endswith("scheduler")]
+    text = notes(mode)
+    assert "Scheduler extender" in text
+    stanza = text.split("kind: KubeSchedulerConfiguration", 1)[1]
+    assert "filterVerb: predicate" in stanza and "prioritizeVerb: prioritize" in stanza
+    assert ("managedResources" in stanza) == mode.endswith("deployment")  # marker mode there
+    assert "topolvm scheduler print-config" in text
+
+
+def test_marker_mode_needs_the_scheduler() -> None:
+    res = run_helm("template", "t", str(CHART), "--set",
+                   "webhook.podMutatingWebhook.enabled=true,webhook.podMutatingWebhook.marker=true",
+                   check=False)  # fmt: skip
+    assert res.returncode != 0
+    assert "webhook.podMutatingWebhook.marker" in res.stderr and "scheduler.enabled" in res.stderr
+
+
+def test_webhook_without_extender_renders_with_a_warning_naming_the_keys() -> None:
+    text = notes(None, ("webhook.podMutatingWebhook.enabled=true",))
+    assert "WARNING: webhook.podMutatingWebhook.enabled=true while scheduler.enabled=false" in text
+
+
+def test_webhook_certificate_modes() -> None:
+    cm = render("webhook-certmanager")
+    assert kinds(cm, "Certificate") and kinds(cm, "Issuer")
+    [ctl] = container(cm, "topolvm-controller")
+    assert "--cert-dir=/certs" in topolvm_argv(ctl)  # type: ignore[operator]
+
+    own = render("webhook-selfmanaged")
+    assert not kinds(own, "Certificate")
+    [ctl] = container(own, "topolvm-controller")
+    argv = topolvm_argv(ctl)
+    assert argv is not None and "--cert-dir=" in argv
+    [hook] = kinds(own, "MutatingWebhookConfiguration").values()
+    assert f"--webhook-configuration-name={hook['metadata']['name']}" in argv
+    roles = [d for d in own if d["kind"] in ("Role", "ClusterRole")]
+    assert any("secrets" in r.get("resources", []) for role in roles for r in role["rules"])
+
+    bundle = render("webhook-cabundle")
+    [hook] = kinds(bundle, "MutatingWebhookConfiguration").values()
+    assert hook["webhooks"][0]["clientConfig"]["caBundle"]
+    assert not kinds(bundle, "Certificate")
+
+
+def test_legacy_uses_the_old_group_everywhere() -> None:
+    docs = render("legacy")
+    [driver] = kinds(docs, "CSIDriver").values()
+    assert driver["metadata"]["name"] == "topolvm.cybozu.com"
+    for c in container(docs, "topolvm-node") + container(docs, "topolvm-controller"):
+        assert {"name": "USE_LEGACY", "value": "true"} in c.get("env", [])
+    assert {sc["provisioner"] for sc in kinds(docs, "StorageClass").values()} == {
+        "topolvm.cybozu.com"
+    }
+
+
+def test_embedded_lvmd_has_no_lvmd_daemonset() -> None:
+    docs = render("lvmd-embedded")
+    assert not [n for n in kinds(docs, "DaemonSet") if "lvmd" in n]
+    [node] = container(docs, "topolvm-node")
+    assert "--embed-lvmd" in topolvm_argv(node)  # type: ignore[operator]
+
+
+def test_snapshot_off_drops_the_snapshotter() -> None:
+    assert container(render(), "csi-snapshotter")
+    assert not container(render("no-snapshot"), "csi-snapshotter")
+
+
+def test_device_classes_reach_lvmd_and_storage_classes(tmp_path: Path) -> None:
+    docs = render("device-classes")
+    [cm] = [c for c in kinds(docs, "ConfigMap").values() if "lvmd.yaml" in c.get("data", {})]
+    path = tmp_path / "lvmd.yaml"
+    path.write_text(cm["data"]["lvmd.yaml"])
+    assert len(load_lvmd_config(path).device_classes) >= 3
+
+
+@pytest.mark.parametrize(
+    ("setting", "key"),
+    [
+        ("controller.storageCapacityTraking.enabled=false", "storageCapacityTraking"),
+        ("lvmd.manged=false", "manged"),
+        ("scheduler.enabled=yes", "enabled"),
+    ],
+)
+def test_schema_rejects_a_misspelled_key_or_wrong_type_by_name(setting: str, key: str) -> None:
+    res = run_helm("template", "t", str(CHART), "--set-string" if "yes" in setting else "--set",
+                   setting, check=False)  # fmt: skip
+    assert res.returncode != 0
+    assert key in res.stderr, res.stderr
