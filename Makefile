@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 APT_PACKAGES := user-mode-linux lvm2 kmod xfsprogs btrfs-progs e2fsprogs iproute2 util-linux
 STAMP := $(VENV)/.installed
 
-.PHONY: help deps apt venv gotools lint typecheck test test-unit demo bench bench-scheduler cluster-up cluster-down clean
+.PHONY: help deps apt venv gotools lint typecheck test test-unit demo image bench bench-scheduler cluster-up cluster-down clean
 
 help:
 	@echo "make demo   - boot User-Mode Linux, run lvmd on a file-backed VG, drive it over gRPC"
@@ -53,7 +53,7 @@ test: deps gotools lint typecheck
 	$(VENV)/bin/pytest
 
 test-unit: venv
-	$(VENV)/bin/pytest -m "not uml and not cluster"
+	$(VENV)/bin/pytest -m "not uml and not cluster and not image"
 
 cluster-up: deps gotools
 	$(PY) -m devtools.cluster up --nodes 2
@@ -63,6 +63,11 @@ cluster-down: venv
 
 demo: deps
 	$(PY) -m devtools.demo
+
+# The OCI image (build/image/oci) from Debian's packages and PyPI, without a Docker daemon; then
+# its binaries are run from its root. Needs root; a warm run reuses it. See docs/image.md.
+image: deps
+	$(PY) -m devtools.image --check
 
 bench: deps gotools
 	$(PY) -m bench.lvmd_bench

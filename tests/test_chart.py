@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from devtools import gobuild
 from devtools.helm import helm
 from topolvm.cli import build_parser
 from topolvm.config.lvmd import load_lvmd_config
@@ -231,3 +232,68 @@ def test_schema_rejects_a_misspelled_key_or_wrong_type_by_name(setting: str, key
                    setting, check=False)  # fmt: skip
     assert res.returncode != 0
     assert key in res.stderr, res.stderr
+
+
+# -- the controller's RBAC covers what the pinned sidecars' own manifests ask for ----------------
+
+SIDECAR_RBAC = {
+    "csi-provisioner": ("external-provisioner", "deploy/kubernetes/rbac.yaml"),
+    "csi-resizer": ("external-resizer", "deploy/kubernetes/rbac.yaml"),
+    "csi-snapshotter": ("external-snapshotter",
+                        "deploy/kubernetes/csi-snapshotter/rbac-csi-snapshotter.yaml"),
+}  # fmt: skip
+
+
+def module_file(binary: str) -> Path:
+    """A file of the sidecar's Go module at the version the tests build (devtools/gomod)."""
+    repo, path = SIDECAR_RBAC[binary]
+    pkg, version = next((p, v) for p, v in gobuild.versions().items() if f"/{repo}/" in p)
+    module = pkg.split("/cmd/")[0]
+    cache = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True,
+                           check=True).stdout.strip()  # fmt: skip
+    return Path(cache) / f"{module}@{version}" / path
+
+
+Grant = tuple[str, str, str]  # (API group, resource, verb)
+
+
+def grants(rules: list[dict[str, Any]]) -> set[Grant]:
+    return {(g, r, v) for rule in rules for g in rule.get("apiGroups", [])
+            for r in rule.get("resources", []) for v in rule.get("verbs", [])}  # fmt: skip
+
+
+def controller_grants(docs: list[dict[str, Any]]) -> tuple[set[Grant], set[Grant]]:
+    """(cluster-wide, namespaced) grants of the controller's ServiceAccount in a render."""
+    [sa] = [d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"
+            and d["metadata"]["name"].endswith("-controller")]  # fmt: skip
+    roles = {(d["kind"], d["metadata"]["name"]): d.get("rules", []) for d in docs
+             if d["kind"] in ("ClusterRole", "Role")}  # fmt: skip
+    cluster: set[Grant] = set()
+    namespaced: set[Grant] = set()
+    for b in docs:
+        if b["kind"] in ("ClusterRoleBinding", "RoleBinding") and any(
+            s.get("name") == sa for s in b.get("subjects", [])
+        ):
+            rules = grants(roles[(b["roleRef"]["kind"], b["roleRef"]["name"])])
+            (cluster if b["kind"] == "ClusterRoleBinding" else namespaced).update(rules)
+    return cluster, namespaced
+
+
+@pytest.mark.parametrize("binary", sorted(SIDECAR_RBAC))
+def test_controller_rbac_covers_the_pinned_sidecars_own_rbac(binary: str) -> None:
+    path = module_file(binary)
+    if not path.exists():
+        gobuild.ensure(binary)  # downloads the module
+    upstream = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    cluster, namespaced = controller_grants(render())
+    for doc in upstream:
+        if doc["kind"] not in ("ClusterRole", "Role"):
+            continue
+        wanted = grants(doc["rules"])
+        have = cluster if doc["kind"] == "ClusterRole" else cluster | namespaced
+        # the chart leaves out what TopoLVM never uses: group snapshots, volume attachments
+        # (attachRequired: false) and VolumeAttributesClasses (no ModifyVolume)
+        unused = {"groupsnapshot.storage.k8s.io"}
+        missing = {g for g in wanted - have if g[0] not in unused
+                   and g[1] not in ("volumeattachments", "volumeattributesclasses")}  # fmt: skip
+        assert not missing, f"{binary} {doc['kind']} {doc['metadata']['name']}: {sorted(missing)}"

@@ -14,6 +14,7 @@ import pytest
 from lightkube import AsyncClient
 
 from devtools.testbed.controlplane import ControlPlane
+from devtools.testbed.driver import csidriver
 from devtools.testbed.umlnode import UmlNode
 from tests.cluster_fixtures import UmlNodes, node_annotations, unique
 from tests.helpers import eventually
@@ -32,12 +33,9 @@ MOUNT = csi.VolumeCapability(
         mode=csi.VolumeCapability.AccessMode.SINGLE_NODE_WRITER
     ),
 )
-CSI_DRIVER = {
-    "apiVersion": "storage.k8s.io/v1",
-    "kind": "CSIDriver",
-    "metadata": {"name": "topolvm.io"},
-    "spec": {"attachRequired": False, "podInfoOnMount": True},
-}
+# As the session's driver stack applies it: the same field manager, so an apply that left out
+# storageCapacity would switch Storage Capacity Tracking off for every later test.
+CSI_DRIVER = csidriver("topolvm.io")
 
 
 async def probe(node: UmlNode) -> bool:

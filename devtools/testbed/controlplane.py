@@ -41,6 +41,8 @@ KCM_CONTROLLERS = (
     "serviceaccount-controller",
     "serviceaccount-token-controller",
     "statefulset-controller",
+    "deployment-controller",  # the chart's controller Deployment makes real Pod objects
+    "replicaset-controller",
 )
 DEFAULT_NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
 
@@ -211,9 +213,13 @@ class ControlPlane:
 
     # --- access -------------------------------------------------------------------------
 
-    def write_kubeconfig(self, path: Path, server: str) -> Path:
-        """An admin kubeconfig (client certificate in ``system:masters``) for ``server``."""
+    def write_kubeconfig(self, path: Path, server: str, token: str | None = None) -> Path:
+        """A kubeconfig for ``server``: admin (client certificate in ``system:masters``), or
+        with ``token`` a bearer token (say, a ServiceAccount's from ``kubectl create token``)."""
         crt, key = self.admin_cert
+        user = (
+            {"token": token} if token else {"client-certificate": str(crt), "client-key": str(key)}
+        )
         path.write_text(
             yaml.safe_dump(
                 {
@@ -231,7 +237,7 @@ class ControlPlane:
                     "users": [
                         {
                             "name": "admin",
-                            "user": {"client-certificate": str(crt), "client-key": str(key)},
+                            "user": user,
                         }
                     ],
                     "contexts": [

@@ -236,13 +236,15 @@ class UmlNode:
         *extra: str,
         name: str = "topolvm-node",
         lvmd_socket: str | None = None,
+        token: str | None = None,
     ) -> None:
         """``topolvm node`` for this node against the host's API server: with lvmd embedded
-        (``device_classes``), or using the lvmd at ``lvmd_socket``."""
+        (``device_classes``), or using the lvmd at ``lvmd_socket``; as admin, or with ``token``
+        (a ServiceAccount's)."""
         folder = self.workdir / self.name
         folder.mkdir(parents=True, exist_ok=True)
         kubeconfig = cp.write_kubeconfig(
-            folder / "kubeconfig", f"https://{host_address(self.index)}:{API_PORT}"
+            folder / f"kubeconfig-{name}", f"https://{host_address(self.index)}:{API_PORT}", token
         )
         if lvmd_socket:
             self.exec("mkdir", "-p", "/run/topolvm")

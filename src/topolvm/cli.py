@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 
 from topolvm import logs
 from topolvm.config.errors import ConfigError
@@ -23,6 +24,13 @@ _ARGV0_COMMANDS = {
 }
 
 
+def _version() -> str:
+    try:
+        return metadata.version("topolvm")
+    except metadata.PackageNotFoundError:  # run from a source tree without installing
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="topolvm", description="TopoLVM: node-local LVM volumes for Kubernetes"
@@ -37,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("TOPOLVM_LOG_FORMAT", "json"),
         choices=["json", "text"],
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     lvmd_cli.add_parser(sub)
     scheduler_cli.add_parser(sub)

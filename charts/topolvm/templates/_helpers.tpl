@@ -88,9 +88,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "topolvm.csiImage" -}}
 {{- $defaults := dict
   "nodeDriverRegistrar" "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.15.0"
-  "csiProvisioner" "registry.k8s.io/sig-storage/csi-provisioner:v5.3.0"
-  "csiResizer" "registry.k8s.io/sig-storage/csi-resizer:v1.14.0"
-  "csiSnapshotter" "registry.k8s.io/sig-storage/csi-snapshotter:v8.3.0"
+  "csiProvisioner" "registry.k8s.io/sig-storage/csi-provisioner:v6.4.0"
+  "csiResizer" "registry.k8s.io/sig-storage/csi-resizer:v2.3.0"
+  "csiSnapshotter" "registry.k8s.io/sig-storage/csi-snapshotter:v8.7.0"
   "livenessProbe" "registry.k8s.io/sig-storage/livenessprobe:v2.17.0" -}}
 {{- $csi := .ctx.Values.image.csi | default dict -}}
 {{- index $csi .key | default (index $defaults .key) -}}
