@@ -297,3 +297,13 @@ def test_controller_rbac_covers_the_pinned_sidecars_own_rbac(binary: str) -> Non
         missing = {g for g in wanted - have if g[0] not in unused
                    and g[1] not in ("volumeattachments", "volumeattributesclasses")}  # fmt: skip
         assert not missing, f"{binary} {doc['kind']} {doc['metadata']['name']}: {sorted(missing)}"
+
+
+def test_both_crds_are_rendered_and_never_deleted_by_helm() -> None:
+    for mode in (None, "legacy"):
+        crds = kinds(render(mode), "CustomResourceDefinition")
+        assert set(crds) == {"logicalvolumes.topolvm.io", "logicalvolumes.topolvm.cybozu.com"}
+        for crd in crds.values():
+            assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    extra = kinds(render(None, ("crd.annotations.example\\.com/x=y",)), "CustomResourceDefinition")
+    assert all(c["metadata"]["annotations"]["example.com/x"] == "y" for c in extra.values())

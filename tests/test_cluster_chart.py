@@ -199,3 +199,73 @@ async def test_chart_runs_a_volume_life_cycle_with_service_account_tokens(
     denied = {name: lines for name, text in logs_of(controller, nodes).items()
               if (lines := forbidden_lines(text))}  # fmt: skip
     assert not denied, denied
+
+
+EXTENDER: dict[str, Any] = {
+    **VALUES,
+    "scheduler": {"enabled": True},
+    "webhook": {"certManager": False, "podMutatingWebhook": {"enabled": True}},
+}
+
+
+def webhook_configurations(cp: ControlPlane, release: Release) -> list[dict[str, Any]]:
+    out = cp.kubectl("get", "mutatingwebhookconfigurations", "-o", "json")
+    mine = {"app.kubernetes.io/instance": release.name}
+    return [w for w in json.loads(out)["items"]
+            if mine.items() <= w["metadata"].get("labels", {}).items()]  # fmt: skip
+
+
+async def test_upgrade_to_extender_mode_and_back_leaves_no_webhook_behind(
+    release: Release,
+    control_plane: ControlPlane,
+    cluster_client: AsyncClient,
+    tmp_path: Path,
+) -> None:
+    cp = control_plane
+    release.install(VALUES, "--take-ownership")
+    assert not webhook_configurations(cp, release)
+
+    notes = release.upgrade(EXTENDER)
+    assert "Scheduler extender" in notes and "kind: KubeSchedulerConfiguration" in notes
+    assert len(webhook_configurations(cp, release)) == 1
+    assert "WARNING" not in notes
+    # the controller, as its ServiceAccount, makes its certificates and writes the caBundle
+    pod_name = await controller_pod_name(cluster_client, release)
+    bins = gobuild.ensure("csi-provisioner", "csi-resizer", "csi-snapshotter")
+    controller = ControllerPod(release, bins, tmp_path / "controller", pod_name).start()
+    try:
+
+        def ca_bundle() -> bool:
+            [h] = webhook_configurations(cp, release)
+            return all(w["clientConfig"].get("caBundle") for w in h["webhooks"])
+
+        await eventually("the caBundle written", lambda: asyncio.to_thread(ca_bundle), timeout=60)
+    finally:
+        controller.stop()
+    denied = {n: lines for n, text in controller.logs().items()
+              if (lines := forbidden_lines(text))}  # fmt: skip
+    assert not denied, denied
+
+    notes = release.upgrade(VALUES)
+    assert "Storage Capacity Tracking" in notes
+    assert not webhook_configurations(cp, release), "a stale MutatingWebhookConfiguration"
+    # nothing intercepts pod creation any more: a plain pod is admitted and scheduled
+    name, node = unique("after"), unique("plain-node")
+    cp.add_node(node)  # a Node object only: somewhere to schedule to
+    spec = {"containers": [{"name": "c", "image": "registry.invalid/c:1"}],
+            "nodeSelector": {"kubernetes.io/hostname": node}}  # fmt: skip
+    cp.apply({"apiVersion": "v1", "kind": "Pod",
+              "metadata": {"name": name, "namespace": NS}, "spec": spec})  # fmt: skip
+    try:
+
+        async def placed() -> bool:
+            obj = await api.get(cluster_client, Pod, name, namespace=NS)
+            return bool(obj and obj["spec"].get("nodeName"))
+
+        await eventually(f"{name} scheduled", placed, timeout=60)
+        obj = await api.get(cluster_client, Pod, name, namespace=NS)
+        assert obj is not None and "topolvm.io/capacity" not in json.dumps(obj["spec"])
+    finally:
+        cp.kubectl("delete", "pod", name, "-n", NS, "--grace-period=0", "--force", check=False)
+        cp.kubectl("delete", "node", node, "--wait=false", check=False)
+        cp.kubectl("delete", "csinode", node, "--wait=false", check=False)

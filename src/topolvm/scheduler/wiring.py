@@ -35,10 +35,10 @@ def extender_stanza(
     if managed_resource:
         lines += [
             "  # Upstream's marker-resource mode: only pods requesting this resource are sent",
-            "  # to the extender. The pod webhook must add it, and kube-scheduler MUST have",
-            "  # this stanza: without it such pods stay Pending with",
-            f"  # 'Insufficient {n.capacity_resource}' (no node advertises the resource).",
-            "  # Check the extender's /status.",
+            "  # to the extender (the pod webhook adds it with --pod-webhook-marker). Without",
+            "  # this stanza such pods still schedule (topolvm-node advertises the resource on",
+            "  # its Node) but with no capacity check; older nodes that do not advertise",
+            f"  # {n.capacity_resource} leave them Pending. Check the extender's /status.",
             "  managedResources:",
             f"    - name: {n.capacity_resource}",
             "      ignoredByScheduler: true",
