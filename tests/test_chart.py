@@ -291,11 +291,7 @@ def test_controller_rbac_covers_the_pinned_sidecars_own_rbac(binary: str) -> Non
             continue
         wanted = grants(doc["rules"])
         have = cluster if doc["kind"] == "ClusterRole" else cluster | namespaced
-        # the chart leaves out what TopoLVM never uses: group snapshots, volume attachments
-        # (attachRequired: false) and VolumeAttributesClasses (no ModifyVolume)
-        unused = {"groupsnapshot.storage.k8s.io"}
-        missing = {g for g in wanted - have if g[0] not in unused
-                   and g[1] not in ("volumeattachments", "volumeattributesclasses")}  # fmt: skip
+        missing = wanted - have
         assert not missing, f"{binary} {doc['kind']} {doc['metadata']['name']}: {sorted(missing)}"
 
 
