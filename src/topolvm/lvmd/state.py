@@ -36,6 +36,7 @@ class LvmState:
         self._subscribers: set[asyncio.Queue[None]] = set()
         self.closing = asyncio.Event()
         self.refreshes = 0
+        self.last_change = time.monotonic()  # of lvmd's last mutation (started or recorded)
 
     @property
     def dirty(self) -> bool:
@@ -81,10 +82,26 @@ class LvmState:
         """Record lvmd's own change in the model; the next exact read refreshes it."""
         self._report = report
         self._dirty = True
+        self.last_change = time.monotonic()
         self.notify()
 
     def invalidate(self) -> None:
         self._dirty = True
+        self.last_change = time.monotonic()
+
+    async def settled(self, quiet: float, limit: float, poll: float = 0.02) -> None:
+        """Return once lvmd has made no change for ``quiet`` seconds and none runs, or after
+        ``limit`` seconds whatever happens. A Watch report waits for this: its ``fullreport``
+        holds :attr:`lock`, so one run between two back-to-back mutations (a CreateVolume
+        burst) would delay the second by a whole report."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit
+        while not self.closing.is_set():
+            idle = time.monotonic() - self.last_change
+            now = loop.time()
+            if (idle >= quiet and not self.lock.locked()) or now >= deadline:
+                return
+            await asyncio.sleep(min(max(quiet - idle, poll), deadline - now))
 
     # -- change notification (Watch) -------------------------------------------------------
 
