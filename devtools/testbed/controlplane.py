@@ -181,7 +181,17 @@ class ControlPlane:
             "kind": "KubeSchedulerConfiguration",
             "clientConnection": {"kubeconfig": str(self.kubeconfig)},
             "leaderElection": {"leaderElect": False},
-            "profiles": [{"schedulerName": profile}],
+            "profiles": [
+                {"schedulerName": profile}
+                if not extenders
+                # With an extender, placement by capacity is the extender's score alone: the
+                # test bed's CSIDriver also has storageCapacity on, and VolumeBinding's own
+                # capacity score (StorageCapacityScoring) ranks nodes the other way round.
+                else {
+                    "schedulerName": profile,
+                    "plugins": {"score": {"disabled": [{"name": "VolumeBinding"}]}},
+                }
+            ],
             "extenders": extenders or [],
         }
         path = self.workdir / f"{name}.yaml"
