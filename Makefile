@@ -7,10 +7,12 @@ PY := $(VENV)/bin/python
 APT_PACKAGES := user-mode-linux lvm2 kmod xfsprogs btrfs-progs e2fsprogs iproute2 util-linux
 STAMP := $(VENV)/.installed
 
-.PHONY: help deps apt venv gotools tools lint typecheck test test-unit demo image bench bench-scheduler cluster-up cluster-down clean
+.PHONY: help deps apt venv gotools tools lint typecheck test test-unit demo demo-lvmd image bench bench-scheduler cluster-up cluster-down clean
 
 help:
-	@echo "make demo   - boot User-Mode Linux, run lvmd on a file-backed VG, drive it over gRPC"
+	@echo "make demo   - a real control plane, helm install of charts/topolvm, a Vault StatefulSet on 3 UML"
+	@echo "              nodes with real LVM, placed by capacity: mount, write, resize, snapshot, remove"
+	@echo "make demo-lvmd - lvmd and topolvm-node alone inside User-Mode Linux (no control plane)"
 	@echo "make test   - ruff, mypy --strict and every pytest tier (unit, real LVM in UML, real control plane)"
 	@echo "make bench  - lvmd RPCs vs the bare LVM commands (inside UML), scheduler extender latency"
 
@@ -68,8 +70,14 @@ cluster-up: deps gotools
 cluster-down: venv
 	$(PY) -m devtools.cluster down
 
+# The main job as a user sees it (docs/demo.md). The first run builds the Kubernetes components
+# (devtools/gobuild.py, needs Go) and says so; nothing is left running or mounted afterwards.
 demo: deps
-	$(PY) -m devtools.demo
+	@PATH="$$PATH:/usr/local/go/bin" $(PY) -m devtools.demo
+
+# The earlier demo: lvmd driven over gRPC, then topolvm-node against the API emulator, in UML.
+demo-lvmd: deps
+	$(PY) -m devtools.demo_lvmd
 
 # The OCI image (build/image/oci) from Debian's packages and PyPI, without a Docker daemon; then
 # its binaries are run from its root. Needs root; a warm run reuses it. See docs/image.md.

@@ -1,338 +1,357 @@
-"""``make demo``: lvmd on a real, file-backed volume group inside User-Mode Linux.
+"""``make demo``: TopoLVM as a user runs it, on a real control plane with UML nodes.
 
-On the host this boots UML and runs itself inside with ``--inside``. Inside it creates a VG on
-/dev/ubdb (thick class) with a thin pool (thin class), starts the real ``topolvm lvmd`` daemon,
-and drives it over its UNIX socket: Watch, CreateLV, GetLVList, ResizeLV, a thin snapshot,
-GetFreeBytes, RemoveLV, then SIGTERM.
+1. builds (first run) or checks the pinned Kubernetes components and helm, then, in a private
+   network namespace, starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler, the
+   snapshot CRDs and snapshot-controller, and 3 User-Mode Linux nodes with real LVM VGs;
+2. ``helm install`` of charts/topolvm; the chart's controller containers run on the host and its
+   topolvm-node container in each guest, exactly with the chart's flags and each with its
+   ServiceAccount's token (devtools/testbed/chartpods.py);
+3. a Vault StatefulSet (3 replicas, 10Gi data + 5Gi audit each) that kube-scheduler places by
+   the CSIStorageCapacity objects csi-provisioner publishes;
+4.-6. the kubelet stand-in mounts the volumes in the guests; files are written, a volume is
+   resized online, a thin volume is snapshotted and restored;
+7.-8. the cluster's view, then everything is removed and stopped.
+
+Nothing outlives the process: its network namespace (and the TAP links in it) ends with it, and
+every child process and UML guest is killed with it. Logs stay in .cache/demo/ until the next run.
 """
 
 from __future__ import annotations
 
 import asyncio
-import signal
-import subprocess
+import json
+import os
 import sys
-import tempfile
-import time
-from collections.abc import Awaitable
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass, field
 
-import aiohttp
-import grpc
-import yaml
+from devtools import gobuild, uml
+from devtools.demo_steps import (
+    CAPACITY_COLUMNS,
+    CLAIMS,
+    LV_CRDS,
+    NODE_VG_GIB,
+    NS,
+    PODS,
+    RELEASE,
+    RELEASE_NS,
+    SC_THIN,
+    VALUES,
+    WORK,
+    DemoError,
+    Steps,
+    Testbed,
+    become_subreaper,
+    capacities,
+    capacity_annotations,
+    claim,
+    claim_state,
+    gib,
+    indent,
+    items,
+    kubectl,
+    nothing_left,
+    placed,
+    pod,
+    reap_leftovers,
+    resize_pending,
+    say,
+    show_yaml,
+    snapshot_objects,
+    snapshot_ready,
+    tools,
+    until,
+    vault_statefulset,
+)
+from devtools.testbed.chartpods import ControllerPod, Release, start_node_pod
+from devtools.testbed.kubelet import KubeletStandIn
+from devtools.testbed.process import enter_private_netns
+from devtools.testbed.umlnode import GiB
+from topolvm.k8s.api import make_client
 
-from devtools import uml
-
-GiB = 1 << 30
-MiB = 1 << 20
-LVM = "/sbin/lvm"
-
-
-def say(msg: str) -> None:
-    print(msg, flush=True)
-
-
-def sh(*args: str) -> str:
-    say("  $ " + " ".join(args))
-    return subprocess.run(args, check=True, capture_output=True, text=True).stdout
-
-
-def size(n: int) -> str:
-    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.0f} MiB"
-
-
-async def drive(sock: str) -> None:
-    from topolvm.proto import lvmd_pb2 as pb
-    from topolvm.proto import lvmd_pb2_grpc as pb_grpc
-
-    async with grpc.aio.insecure_channel(f"unix:{sock}") as ch:
-        lv, vg = pb_grpc.LVServiceStub(ch), pb_grpc.VGServiceStub(ch)
-        watch = vg.Watch(pb.Empty())
-        received: list[pb.WatchResponse] = []
-
-        async def follow() -> None:  # cancelling a read() would end the stream: read in a task
-            async for message in watch:
-                received.append(message)
-
-        follower = asyncio.create_task(follow())
-
-        async def watched(label: str) -> None:
-            seen = len(received)
-            for _ in range(100):  # wait for a new message, then for the burst to settle
-                await asyncio.sleep(0.1)
-                if len(received) > seen or (seen == 0 and received):
-                    break
-            await asyncio.sleep(0.3)
-            msg = received[-1]
-            parts = [
-                f"{i.device_class}: thin-pool free {size(i.thin_pool.overprovision_bytes)}"
-                if i.HasField("thin_pool")
-                else f"{i.device_class}: free {size(i.free_bytes)}"
-                for i in msg.items
-            ]
-            say(f"  Watch ({label}): default free {size(msg.free_bytes)}; " + "; ".join(parts))
-
-        await watched("initial")
-        say("\n2. CreateLV pvc-demo (1000 MiB on the default thick class)")
-        r = await lv.CreateLV(pb.CreateLVRequest(name="pvc-demo", size_bytes=1000 * MiB))
-        say(
-            f"  -> size {size(r.volume.size_bytes)} (extent-rounded), dev {r.volume.dev_major}:"
-            f"{r.volume.dev_minor}"
-        )
-        await watched("after CreateLV")
-        say("  again, same size -> idempotent:")
-        r = await lv.CreateLV(pb.CreateLVRequest(name="pvc-demo", size_bytes=1000 * MiB))
-        say(f"  -> ok, size {size(r.volume.size_bytes)}")
-        say("\n3. CreateLV thin-demo (4 GiB virtual on the thin class, pool is 2 GiB x ratio 5)")
-        await lv.CreateLV(
-            pb.CreateLVRequest(name="thin-demo", device_class="thin", size_bytes=4 * GiB)
-        )
-        await watched("after thin CreateLV")
-        say("\n4. GetLVList")
-        for dc in ("", "thin"):
-            resp = await vg.GetLVList(pb.GetLVListRequest(device_class=dc))
-            for v in resp.volumes:
-                say(
-                    f"  [{dc or 'default'}] {v.name:<10} {size(v.size_bytes):>10}"
-                    f"  attr {v.attr}  {v.path}"
-                )
-        say("\n5. ResizeLV pvc-demo -> 2 GiB, then a no-op request for 1 GiB")
-        r2 = await lv.ResizeLV(pb.ResizeLVRequest(name="pvc-demo", size_bytes=2 * GiB))
-        say(f"  -> {size(r2.size_bytes)}")
-        r2 = await lv.ResizeLV(pb.ResizeLVRequest(name="pvc-demo", size_bytes=GiB))
-        say(f"  -> {size(r2.size_bytes)} (never shrinks)")
-        say("\n6. CreateLVSnapshot snap-demo of thin-demo (read-only)")
-        s = await lv.CreateLVSnapshot(
-            pb.CreateLVSnapshotRequest(
-                name="snap-demo", device_class="thin", source_volume="thin-demo", access_type="ro"
-            )
-        )
-        say(f"  -> {s.snapshot.name} {size(s.snapshot.size_bytes)}")
-        say("\n7. Errors come back as gRPC status codes")
-        errors: list[tuple[str, Awaitable[Any]]] = [
-            ("too big", lv.CreateLV(pb.CreateLVRequest(name="huge", size_bytes=100 * GiB))),
-            ("hostile name", lv.CreateLV(pb.CreateLVRequest(name="--force", size_bytes=GiB))),
-            ("unknown class", lv.CreateLV(
-                pb.CreateLVRequest(name="x", device_class="nvme", size_bytes=GiB))),
-            ("thick snapshot", lv.CreateLVSnapshot(pb.CreateLVSnapshotRequest(
-                name="s2", source_volume="pvc-demo", access_type="ro"))),
-        ]  # fmt: skip
-        for label, call in errors:
-            try:
-                await call
-            except grpc.aio.AioRpcError as e:
-                say(f"  {label:<15} -> {e.code().name}: {e.details()}")
-        free = await vg.GetFreeBytes(pb.GetFreeBytesRequest())
-        say(f"\n8. GetFreeBytes (default class, minus 1 GiB spare): {size(free.free_bytes)}")
-        say("\n9. RemoveLV snap-demo, thin-demo, pvc-demo")
-        for name, dc in (("snap-demo", "thin"), ("thin-demo", "thin"), ("pvc-demo", "")):
-            await lv.RemoveLV(pb.RemoveLVRequest(name=name, device_class=dc))
-        await watched("after RemoveLV")
-        watch.cancel()
-        follower.cancel()
+CHART = gobuild.ROOT / "charts" / "topolvm"
+LVS = ("lvs", "-o", "lv_name,lv_size,lv_attr,pool_lv,origin,data_percent", "vg1")
 
 
-def inside() -> int:
-    disk = uml.disk_devices(1)[0]
-    say("1. A volume group on a file-backed disk inside User-Mode Linux")
-    sh(LVM, "pvcreate", "-q", "--setphysicalvolumesize", "10g", disk)
-    sh(LVM, "vgcreate", "-q", "demovg", disk)
-    sh(LVM, "lvcreate", "-q", "-T", "demovg/pool0", "-L", "2g")
-    work = Path(tempfile.mkdtemp())
-    sock = str(work / "lvmd.sock")
-    config = {
-        "socket-name": sock,
-        "lvm-command-prefix": [LVM],
-        "device-classes": [
-            {"name": "ssd", "volume-group": "demovg", "default": True, "spare-gb": 1},
-            {"name": "thin", "volume-group": "demovg", "type": "thin",
-             "thin-pool": {"name": "pool0", "overprovision-ratio": 5.0}},
-        ],
-    }  # fmt: skip
-    cfg = work / "lvmd.yaml"
-    cfg.write_text(yaml.safe_dump(config, sort_keys=False))
-    say(
-        f"  lvmd config {cfg}:\n"
-        + "".join(f"    {line}\n" for line in cfg.read_text().splitlines())
-    )
-    log = (work / "lvmd.log").open("w+")
-    cmd = [sys.executable, "-m", "topolvm", "--log-format", "text", "lvmd", "--config", str(cfg),
-           "--metrics-bind-address", "0"]  # fmt: skip
-    say("  $ topolvm lvmd --config " + str(cfg))
-    daemon = subprocess.Popen(cmd, stdout=log, stderr=log)
-    deadline = time.monotonic() + 30
-    while not Path(sock).exists():
-        if daemon.poll() is not None or time.monotonic() > deadline:
-            log.seek(0)
-            say("lvmd did not start:\n" + log.read())
-            return 1
-        time.sleep(0.05)
-    try:
-        asyncio.run(drive(sock))
-    finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(30)
-    say(f"\n10. SIGTERM -> lvmd exited {daemon.returncode}; LVs left in demovg:")
-    say("  " + (sh(LVM, "lvs", "--noheadings", "-o", "lv_name,lv_size", "demovg").strip() or "-"))
-    log.seek(0)
-    lines = log.read().splitlines()
-    say(f"\nlvmd log ({len(lines)} lines), last 5:")
-    for line in lines[-5:]:
-        say("  " + line[:160])
-    if daemon.returncode != 0:
-        return 1
-    return asyncio.run(node_demo(work, cfg))
+@dataclass
+class Demo(Testbed):
+    """Steps 2 to 8, on the test bed that step 1 started."""
 
+    steps: Steps = field(default_factory=Steps)
+    release: Release | None = None
+    placement: dict[str, str] = field(default_factory=dict)  # pod -> node
+    mounts: dict[tuple[str, str], str] = field(default_factory=dict)  # (pod, claim) -> path
 
-async def node_demo(work: Path, cfg: Path) -> int:
-    """Part 2: topolvm-node (embedded lvmd) against the Kubernetes API emulator."""
-    from tests.helpers import eventually
-    from tests.kube_emulator import KubeEmulator
-    from tests.kube_fixtures import write_kubeconfig
-    from topolvm.constants import NORMAL
-    from topolvm.k8s import api
-    from topolvm.proto import csi_pb2 as csi
-    from topolvm.proto import csi_pb2_grpc as csi_grpc
+    # --- 2 ------------------------------------------------------------------------------
 
-    say("\n== Part 2: topolvm-node, with lvmd embedded, against a Kubernetes API emulator ==")
-    emu = KubeEmulator()
-    await emu.start()
-    node_name = "demo-node"
-    emu.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node_name}})
-    emu.create({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
-                "metadata": {"name": "topolvm.io"}, "spec": {"attachRequired": False}})  # fmt: skip
-    kc = write_kubeconfig(work / "kubeconfig", emu.url)
-    csi_sock = str(work / "csi.sock")
-    node_log = (work / "node.log").open("w+")
-    cmd = [sys.executable, "-m", "topolvm", "--log-format", "text", "node", "--embed-lvmd",
-           "--config", str(cfg), "--nodename", node_name, "--kubeconfig", str(kc),
-           "--csi-socket", csi_sock, "--metrics-bind-address", "127.0.0.1:18080"]  # fmt: skip
-    say(f"11. API emulator at {emu.url} with Node {node_name} and CSIDriver topolvm.io")
-    say(f"  $ topolvm node --embed-lvmd --config {cfg} --nodename {node_name} ...")
-    proc = await asyncio.create_subprocess_exec(*cmd, stdout=node_log, stderr=node_log)
+    async def install(self) -> None:
+        cp = self.kube
+        self.release = rel = Release(cp, CHART, RELEASE, RELEASE_NS)
+        say("  values.yaml:")
+        show_yaml(VALUES)
+        say(f"  $ helm install {RELEASE} charts/topolvm -n {RELEASE_NS} --create-namespace "
+            "-f values.yaml --wait=false")  # fmt: skip
+        say(indent(rel.install(VALUES)))
+        cp.kubectl("wait", "--for=condition=established", "--timeout=60s",
+                   *(f"crd/{c}" for c in LV_CRDS))  # fmt: skip
+        [cm] = [d for d in rel.manifest() if d["kind"] == "ConfigMap"
+                and "lvmd.yaml" in d.get("data", {})]  # fmt: skip
+        for node in self.nodes:
+            start_node_pod(rel, node, cm["data"]["lvmd.yaml"])
+        self.node_pods = True
+        say("  no kubelet here: the DaemonSet's topolvm-node container (lvmd embedded) runs in "
+            "each UML guest, with its flags and its ServiceAccount's token")  # fmt: skip
+        await until("the capacity annotations of every node",
+                    lambda: all(capacity_annotations(cp).get(n.name, {}).get("ssd")
+                                for n in self.nodes), 120, self.logs)  # fmt: skip
+        selector = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=controller"
 
-    def log_text() -> str:
-        node_log.seek(0)
-        return f"node log:\n{node_log.read()}"
+        def controller_pod() -> str | None:
+            found = items(cp, "pods", "-n", RELEASE_NS, "-l", selector)
+            return str(found[0]["metadata"]["name"]) if found else None
 
-    async def until(what: str, check: Any, timeout: float = 60) -> Any:
-        return await eventually(
-            what, check, timeout, gave_up=lambda: proc.returncode is not None, details=log_text
-        )
+        name: str = await until("a Pod of the controller Deployment", controller_pod, 60)
+        self.controller = ControllerPod(rel, self.bins, WORK / "controller", name).start()
+        say(f"  the Deployment's pod {name}: its containers topolvm-controller, "
+            "csi-provisioner, csi-resizer and csi-snapshotter run on the host, with their "
+            "flags and the controller ServiceAccount's token")  # fmt: skip
+        await until("CSIStorageCapacity objects for 3 nodes x 2 StorageClasses",
+                    lambda: len(caps := capacities(cp)) >= 6
+                    and all(v not in ("", "0") for v in caps.values()),
+                    120, self.logs)  # fmt: skip
 
-    def lv_obj(name: str) -> dict[str, Any]:
-        return emu.get("logicalvolumes", name, group="topolvm.io") or {}
+    # --- 3 ------------------------------------------------------------------------------
 
-    kube = api.make_client(server=emu.url)  # plays kubectl and topolvm-controller
-    lv_res = api.logicalvolume_resource(NORMAL)
-    code = 1
-    try:
-        await until("the CSI socket", lambda: Path(csi_sock).exists())
+    async def place_vault(self) -> None:
+        cp = self.kube
+        kubectl(cp, "get", "csistoragecapacities", "-n", RELEASE_NS, "-o", CAPACITY_COLUMNS)
+        free = {n: int(c["ssd"]) for n, c in capacity_annotations(cp).items()}
+        say("  vault.yaml:")
+        show_yaml(vault_statefulset())
+        say("  $ kubectl apply -f vault.yaml")
+        cp.apply(vault_statefulset())
+        self.placement = await until(
+            "the 3 vault pods scheduled and their 6 claims Bound",
+            lambda: placed(cp, PODS, CLAIMS), 300, lambda: claim_state(cp) + "\n" + self.logs(),
+        )  # fmt: skip
+        kubectl(cp, "get", "events", "-n", NS, "--field-selector=reason=Scheduled",
+                "-o", "custom-columns=KUBE-SCHEDULER:.message")  # fmt: skip
+        say("  why: kube-scheduler keeps a node only if each claim fits its CSIStorageCapacity "
+            "for the claim's StorageClass,\n  and prefers the node whose capacity the pod "
+            "uses least (VolumeBinding, StorageCapacityScoring):")  # fmt: skip
+        for node in self.nodes:
+            room = free[node.name] // (15 * GiB)
+            why = f"room for {room} replica{'s' if room > 1 else ''} of 10Gi + 5Gi"
+            if free[node.name] < 10 * GiB:
+                why = "a 10Gi claim does not fit"
+            pods = [p for p, n in self.placement.items() if n == node.name] or ["none"]
+            say(f"    {node.name}: VG {NODE_VG_GIB[node.name]} GiB, ssd free "
+                f"{gib(free[node.name]):>9}: {why:<37} -> {', '.join(pods)}")  # fmt: skip
+        say("  the nodes' capacity annotations now (csi-provisioner refreshes CSIStorageCapacity "
+            "from them every minute):")  # fmt: skip
+        kubectl(cp, "get", "nodes", "-o", "custom-columns=NODE:.metadata.name,"
+                "SSD:.metadata.annotations.capacity\\.topolvm\\.io/ssd,"
+                "THIN:.metadata.annotations.capacity\\.topolvm\\.io/thin")  # fmt: skip
 
-        def capacity() -> dict[str, str]:
-            meta = (emu.get("nodes", node_name) or {}).get("metadata", {})
-            return {k: v for k, v in (meta.get("annotations") or {}).items() if "capacity" in k}
+    # --- 4 ------------------------------------------------------------------------------
 
-        annos = await until("capacity annotations", capacity)
-        node_meta = (emu.get("nodes", node_name) or {})["metadata"]
-        say("\n12. Node annotations published from lvmd's Watch stream:")
-        for key, value in sorted(annos.items()):
-            say(f"  {key} = {value} ({size(int(value))})")
-        say(f"  finalizers: {node_meta.get('finalizers')}")
+    def df(self, pod_name: str, claim_name: str) -> str:
+        node = self.node(self.placement[pod_name])
+        out = node.exec("df", "-h", "--output=source,fstype,size,used,avail",
+                        self.mounts[pod_name, claim_name]).stdout  # fmt: skip
+        return " ".join(out.splitlines()[-1].split())
 
-        say("\n13. kubectl create: LogicalVolume pvc-0001 (1Gi, default device class)")
-        await kube.create(lv_res.from_dict({
-            "apiVersion": "topolvm.io/v1", "kind": "LogicalVolume",
-            "metadata": {"name": "pvc-0001"},
-            "spec": {"name": "pvc-0001", "nodeName": node_name, "size": "1Gi"}}))  # fmt: skip
-        status = await until("status.volumeID", lambda: lv_obj("pvc-0001").get("status"))
-        uid = status["volumeID"]
-        say(f"  status: {status}")
-        say(f"  finalizers: {lv_obj('pvc-0001')['metadata'].get('finalizers')}")
-        say(
-            "  " + sh(LVM, "lvs", "--noheadings", "-o", "lv_name,lv_size,lv_path", "demovg").strip()
-        )
+    async def mount(self, kubelet: KubeletStandIn) -> None:
+        cp = self.kube
+        for p in PODS:
+            node = self.node(self.placement[p])
+            for v in await kubelet.start_pod(p):
+                self.mounts[p, v.pvc] = v.target
+                path = f"{v.target}/hello.txt"
+                node.exec("sh", "-c", f"echo '{v.pvc}: written by {p} on {node.name}' > {path}"
+                          " && sync")  # fmt: skip
+                text = node.exec("cat", path).stdout.strip()
+                say(f"  {p} {v.pvc:<13} {node.name}  [{self.df(p, v.pvc)}]  hello.txt: {text}")
+        say(f"  (where the kubelet mounts them: {self.mounts['vault-0', 'data-vault-0']})")
+        columns = "custom-columns=POD:.metadata.name,NODE:.spec.nodeName,PHASE:.status.phase"
+        kubectl(cp, "get", "pods", "-l", "app=vault", "-o", columns)
+        for node in self.nodes:
+            say(f"  $ lvm {' '.join(LVS)}    # on {node.name}")
+            say(indent(node.lvm(*LVS)))
 
-        target = str(work / "pods" / "demo-pod" / "mount")
-        cap = csi.VolumeCapability(
-            mount=csi.VolumeCapability.MountVolume(fs_type="ext4"),
-            access_mode=csi.VolumeCapability.AccessMode(
-                mode=csi.VolumeCapability.AccessMode.SINGLE_NODE_WRITER
-            ),
-        )
-        async with grpc.aio.insecure_channel(f"unix:{csi_sock}") as ch:
-            ident, node = csi_grpc.IdentityStub(ch), csi_grpc.NodeStub(ch)
-            info = await ident.GetPluginInfo(csi.GetPluginInfoRequest())
-            probe = await ident.Probe(csi.ProbeRequest())
-            ninfo = await node.NodeGetInfo(csi.NodeGetInfoRequest())
-            say(f"\n14. CSI over {csi_sock}: plugin {info.name} {info.vendor_version}, "
-                f"probe ready={probe.ready.value}, node_id={ninfo.node_id}, "
-                f"topology={dict(ninfo.accessible_topology.segments)}")  # fmt: skip
-            say(f"  NodePublishVolume {uid} ext4 -> {target}")
-            await node.NodePublishVolume(csi.NodePublishVolumeRequest(
-                volume_id=uid, target_path=target, volume_capability=cap))  # fmt: skip
-            say("  " + sh("findmnt", "-n", "-o", "SOURCE,FSTYPE,OPTIONS", target).strip())
-            Path(target, "hello.txt").write_text("written before the resize\n")
-            say("  wrote hello.txt; df: " + sh("df", "-h", "--output=size,used", target)
-                .splitlines()[1].strip())  # fmt: skip
+    # --- 5 ------------------------------------------------------------------------------
 
-            say("\n15. Resize: spec.size 1Gi -> 2Gi (what ControllerExpandVolume does)")
-            await api.patch_merge(kube, lv_res, "pvc-0001", {"spec": {"size": "2Gi"}})
-            await until(
-                "currentSize 2Gi",
-                lambda: lv_obj("pvc-0001").get("status", {}).get("currentSize") == "2Gi",
-            )
-            say(f"  status: {lv_obj('pvc-0001')['status']}")
-            await node.NodeExpandVolume(csi.NodeExpandVolumeRequest(
-                volume_id=uid, volume_path=target,
-                capacity_range=csi.CapacityRange(required_bytes=2 * GiB)))  # fmt: skip
-            say("  NodeExpandVolume online; df: " + sh("df", "-h", "--output=size,used", target)
-                .splitlines()[1].strip())  # fmt: skip
-            say("  hello.txt still reads: " + Path(target, "hello.txt").read_text().strip())
-            stats = await node.NodeGetVolumeStats(csi.NodeGetVolumeStatsRequest(
-                volume_id=uid, volume_path=target))  # fmt: skip
-            for u in stats.usage:
-                unit = csi.VolumeUsage.Unit.Name(u.unit)
-                say(f"  NodeGetVolumeStats {unit}: total {u.total} used {u.used}")
-            say(f"  condition: abnormal={stats.volume_condition.abnormal} "
-                f"'{stats.volume_condition.message}'")  # fmt: skip
+    async def resize(self, kubelet: KubeletStandIn) -> None:
+        cp, pvc = self.kube, "data-vault-0"
+        say(f"  before: {self.df('vault-0', pvc)}")
+        patch = json.dumps({"spec": {"resources": {"requests": {"storage": "12Gi"}}}})
+        say(f"  $ kubectl patch pvc {pvc} -p '{patch}'")
+        cp.kubectl("patch", "pvc", pvc, "-n", NS, "--type=merge", "-p", patch)
+        await until("csi-resizer's ControllerExpandVolume (condition FileSystemResizePending)",
+                    lambda: resize_pending(cp, pvc), 180, self.logs)  # fmt: skip
+        pv = cp.kubectl("get", "pvc", pvc, "-n", NS, "-o", "jsonpath={.spec.volumeName}")
+        say("  csi-resizer -> ControllerExpandVolume -> LogicalVolume spec.size -> lvextend:")
+        kubectl(cp, "get", "logicalvolumes.topolvm.io", pv)
+        await kubelet.expand_pvc("vault-0", pvc)
+        say("  kubelet stand-in: NodeExpandVolume on the mounted volume (xfs_growfs), then the "
+            "PVC's status")  # fmt: skip
+        say(f"  after:  {self.df('vault-0', pvc)}")
+        node = self.node(self.placement["vault-0"])
+        text = node.exec("cat", f"{self.mounts['vault-0', pvc]}/hello.txt").stdout.strip()
+        say(f"  hello.txt still reads: {text}")
+        kubectl(cp, "get", "pvc", pvc)
 
-            say("\n16. NodeUnpublishVolume, then kubectl delete logicalvolume pvc-0001")
-            await node.NodeUnpublishVolume(csi.NodeUnpublishVolumeRequest(
-                volume_id=uid, target_path=target))  # fmt: skip
-            say(f"  target removed: {not Path(target).exists()}")
-        await kube.delete(lv_res, "pvc-0001")
-        await until("the object to go", lambda: not lv_obj("pvc-0001"))
-        left = sh(LVM, "lvs", "--noheadings", "-o", "lv_name", "demovg").split()
-        say(f"  LV removed by the node, then the finalizer: LVs left = {left}")
-        async with (
-            aiohttp.ClientSession() as http,
-            http.get("http://127.0.0.1:18080/metrics") as r,
-        ):
-            text = await r.text()
-        metrics = [ln for ln in text.splitlines() if ln.startswith("topolvm_volumegroup_avail")]
-        say("\n17. /metrics: " + "; ".join(metrics))
-        code = 0
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            await asyncio.wait_for(proc.wait(), 30)
-        say(f"\n18. SIGTERM -> topolvm-node exited {proc.returncode}")
-        await kube.close()
-        await emu.stop()
-    return code if proc.returncode == 0 else 1
+    # --- 6 ------------------------------------------------------------------------------
+
+    async def snapshot(self, kubelet: KubeletStandIn) -> None:
+        cp = self.kube
+        say(f"  LVM snapshots need a thin pool: a 1Gi claim 'notes' on {SC_THIN} and a pod")
+        cp.apply(claim("notes", "1Gi"), pod("notes-writer", "notes"))
+        where = await until("notes-writer scheduled and notes Bound",
+                            lambda: placed(cp, ["notes-writer"], ["notes"]), 180,
+                            lambda: claim_state(cp) + "\n" + self.logs())  # fmt: skip
+        node = self.node(where["notes-writer"])
+        [src] = await kubelet.start_pod("notes-writer")
+        node.exec("sh", "-c", f"echo 'written before the snapshot' > {src.target}/notes.txt"
+                  " && sync")  # fmt: skip
+        objs = snapshot_objects("topolvm-snapshots", "notes-snap", "notes")
+        say("  $ kubectl apply -f snapshot.yaml")
+        for i, obj in enumerate(objs):
+            if i:
+                say("    ---")
+            show_yaml(obj)
+        cp.apply(*objs)
+        await until("VolumeSnapshot notes-snap readyToUse",
+                    lambda: snapshot_ready(cp, "notes-snap"), 180, self.logs)  # fmt: skip
+        kubectl(cp, "get", "volumesnapshot", "notes-snap")
+        node.exec("sh", "-c", f"echo 'written after the snapshot' >> {src.target}/notes.txt"
+                  " && sync")  # fmt: skip
+        say(f"  restore: claim 'notes-restored' with dataSource notes-snap, read by a pod on "
+            f"{node.name} (a thin snapshot stays in its origin's pool)")  # fmt: skip
+        cp.apply(claim("notes-restored", "1Gi", source="notes-snap"),
+                 pod("notes-reader", "notes-restored", node.name))  # fmt: skip
+        await until("notes-reader scheduled and notes-restored Bound",
+                    lambda: placed(cp, ["notes-reader"], ["notes-restored"]), 180,
+                    lambda: claim_state(cp) + "\n" + self.logs())  # fmt: skip
+        [restored] = await kubelet.start_pod("notes-reader")
+        for label, vol in (("notes (origin)", src), ("notes-restored", restored)):
+            text = node.exec("cat", f"{vol.target}/notes.txt").stdout.strip()
+            say(f"  {label:<15} notes.txt: {text!r}")
+        say(f"  $ lvm {' '.join(LVS)}    # on {node.name}")
+        say(indent(node.lvm(*LVS)))
+
+    # --- 8 ------------------------------------------------------------------------------
+
+    async def remove(self, kubelet: KubeletStandIn) -> None:
+        cp = self.kube
+
+        async def delete_pods(*names: str) -> None:
+            for name in names:  # the kubelet unmounts, then the pod object goes
+                await kubelet.stop_pod(name)
+                cp.kubectl("delete", "pod", name, "-n", NS, "--grace-period=0", "--force")
+
+        await delete_pods("notes-reader")
+        kubectl(cp, "delete", "pvc", "notes-restored", "--wait=false")
+        kubectl(cp, "delete", "volumesnapshot", "notes-snap", "--wait=false")
+        await delete_pods("notes-writer")
+        kubectl(cp, "delete", "pvc", "notes", "--wait=false")
+        kubectl(cp, "delete", "statefulset", "vault", "--cascade=orphan")
+        await delete_pods(*PODS)
+        say(f"  pods {', '.join(PODS)}, notes-writer, notes-reader: volumes unmounted, deleted")
+        kubectl(cp, "delete", "pvc", *CLAIMS, "--wait=false")
+        await until("every PV, LogicalVolume and VolumeSnapshotContent deleted",
+                    lambda: nothing_left(cp), 180, self.logs)  # fmt: skip
+        for node in self.nodes:
+            left = [n for n, lv in node.lvs("vg1").items() if not lv["lv_attr"].startswith("t")]
+            if left:
+                raise DemoError(f"LVs left on {node.name}: {left}")
+            say(f"  {node.name}: no LV left in vg1 but the thin pool pool0")
+        kubectl(cp, "delete", "volumesnapshotclass", "topolvm-snapshots")
+        say(f"  $ helm uninstall {RELEASE} -n {RELEASE_NS} --wait")
+        assert self.release is not None
+        say(indent(self.release.helm("uninstall", RELEASE, "-n", RELEASE_NS, "--wait")))
+        self.stop_driver()
+        say("  the chart's processes stopped (as the kubelet stops a deleted pod's containers)")
+        cp.kubectl("delete", "pods", "--all", "-n", RELEASE_NS, "--grace-period=0", "--force")
+        kubectl(cp, "delete", "namespace", RELEASE_NS, "--timeout=90s")
+        kubectl(cp, "get", "pvc,pv,logicalvolumes.topolvm.io,volumesnapshots,"
+                "csistoragecapacities,statefulsets,pods", "-A")  # fmt: skip
+
+    # --- the whole run ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        step = self.steps.step
+        client = make_client(str(self.kube.kubeconfig))
+        by_name = {n.name: n for n in self.nodes}
+
+        async def mkdir(node: str, path: str) -> None:
+            await by_name[node].aexec("mkdir", "-p", path)
+
+        # The kubelet's root (/var/lib/kubelet) is /run/kubelet: the guests' own tmpfs.
+        kubelet = KubeletStandIn(client, {n.name: n.csi_target for n in self.nodes}, mkdir,
+                                 root="/run/kubelet")  # fmt: skip
+        try:
+            with step("helm install topolvm charts/topolvm (lvmd embedded; ssd and thin)"):
+                await self.install()
+            with step("StatefulSet vault: 3 x (10Gi data + 5Gi audit), placed by capacity"):
+                await self.place_vault()
+            with step("Mount the volumes (kubelet stand-in), write and read a file in each"):
+                await self.mount(kubelet)
+            with step("Resize data-vault-0 from 10Gi to 12Gi while mounted"):
+                await self.resize(kubelet)
+            with step("Snapshot a thin volume, restore it into a new claim"):
+                await self.snapshot(kubelet)
+            with step("kubectl get pvc,pv,logicalvolumes,csistoragecapacities -A"):
+                kubectl(self.kube, "get",
+                        "pvc,pv,logicalvolumes.topolvm.io,csistoragecapacities", "-A")  # fmt: skip
+                kubectl(self.kube, "get", "volumesnapshots,volumesnapshotcontents", "-A")
+                say("  the capacities (csi-provisioner refreshes them every minute):")
+                kubectl(self.kube, "get", "csistoragecapacities", "-n", RELEASE_NS,
+                        "-o", CAPACITY_COLUMNS)  # fmt: skip
+            with step("Remove everything, stop everything"):
+                await self.remove(kubelet)
+                self.teardown(verbose=True)
+        finally:
+            await kubelet.close()
+            await client.close()
 
 
 def main() -> int:
-    if "--inside" in sys.argv:
-        return inside()
-    say("booting User-Mode Linux (real kernel, real LVM, file-backed disk)...")
-    res = uml.run(
-        [sys.executable, "-m", "devtools.demo", "--inside"], disks=(12 * GiB,), timeout=600
-    )
-    say(f"\ndemo finished: exit {res.returncode}")
-    return res.returncode
+    if os.geteuid() != 0:
+        say("make demo needs root (UML guests, TAP links, a network namespace, LVM)")
+        return 1
+    if reason := uml.available():
+        say(f"make demo: {reason}")
+        return 1
+    say("TopoLVM demo: a real control plane, helm install of charts/topolvm, a Vault "
+        "StatefulSet on 3 UML nodes with real LVM")  # fmt: skip
+    become_subreaper()
+    steps = Steps()
+    demo: Demo | None = None
+    code = 1
+    try:
+        with steps.step("Tools, control plane, 3 UML nodes with real LVM"):
+            bins = tools()
+            enter_private_netns()
+            say("  in a private network namespace: the API server's ports and the guests' TAP "
+                "links exist only there")  # fmt: skip
+            demo = Demo(bins, steps=steps)
+            demo.start_cluster()
+        asyncio.run(demo.run())
+        code = 0
+    except (Exception, KeyboardInterrupt) as exc:
+        why = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, KeyboardInterrupt):
+            why = "interrupted"
+        say(f"\nDEMO FAILED in step {steps.current or '?'}:\n{why}")
+        say(f"logs: {WORK}/ (controlplane/logs, controller/logs, nodes/)")
+    finally:
+        if demo is not None:
+            demo.teardown()
+        if left := reap_leftovers():
+            say(f"  WARNING: killed processes left running: {', '.join(left)}")
+    say("\nsteps:\n" + steps.summary())
+    say("demo finished" if code == 0 else "demo failed; everything it started is stopped")
+    return code
 
 
 if __name__ == "__main__":
