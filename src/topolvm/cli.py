@@ -11,6 +11,7 @@ from importlib import metadata
 from topolvm import logs
 from topolvm.config.errors import ConfigError
 from topolvm.controller import cli as controller_cli
+from topolvm.doctor import cli as doctor_cli
 from topolvm.lvmd import cli as lvmd_cli
 from topolvm.node import cli as node_cli
 from topolvm.scheduler import cli as scheduler_cli
@@ -22,6 +23,8 @@ _ARGV0_COMMANDS = {
     "topolvm-scheduler": "scheduler",
     "topolvm-controller": "controller",
 }
+# As a kubectl plugin (a link named kubectl-topolvm on PATH): `kubectl topolvm doctor ...`.
+KUBECTL_PLUGIN = "kubectl-topolvm"
 
 
 def _version() -> str:
@@ -51,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     scheduler_cli.add_parser(sub)
     node_cli.add_parser(sub)
     controller_cli.add_parser(sub)
+    doctor_cli.add_parser(sub)
     return parser
 
 
@@ -59,7 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = os.path.basename(sys.argv[0]) if argv is None else "topolvm"
     if name in _ARGV0_COMMANDS:
         args_in.insert(0, _ARGV0_COMMANDS[name])
-    args = build_parser().parse_args(args_in)
+    parser = build_parser()
+    if name == KUBECTL_PLUGIN:
+        parser.prog = "kubectl topolvm"
+    args = parser.parse_args(args_in)
     logs.setup(args.log_level, args.log_format)
     try:
         code: int = args.run(args)

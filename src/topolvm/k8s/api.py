@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx2
 from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube.config import client_adapter
 from lightkube.config.models import Cluster, User
 from lightkube.generic_resource import GenericGlobalResource, create_global_resource
 from lightkube.types import PatchType
@@ -98,6 +99,34 @@ def to_dict(obj: Any) -> Obj:
         result: Obj = obj.to_dict()
         return result
     return copy.deepcopy(dict(obj))
+
+
+class ProxyError(KubeError):
+    """A GET through the API server's pod proxy failed; ``code`` is its HTTP status."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+async def pod_proxy_get(
+    client: AsyncClient, namespace: str, pod: str, port: int, path: str, timeout: float = 5.0
+) -> str:
+    """GET ``path`` on a pod's ``port`` through the API server (``pods/proxy``), with the
+    client's credentials: how ``kubectl get --raw`` reads a pod's /metrics."""
+    params = client_adapter.ConnectionParams(timeout=httpx2.Timeout(timeout))
+    url = f"/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy/{path.lstrip('/')}"
+    async with client_adapter.AsyncClient(client.config, params) as http:
+        try:
+            response = await http.get(url)
+        except httpx2.HTTPError as e:
+            raise ProxyError(f"GET {url}: {type(e).__name__}: {e}") from e
+    if response.status_code != 200:
+        raise ProxyError(
+            f"GET {url}: {response.status_code} {response.text[:200].strip()}",
+            response.status_code,
+        )
+    return response.text
 
 
 def logicalvolume_resource(names: Names) -> type[GenericGlobalResource]:

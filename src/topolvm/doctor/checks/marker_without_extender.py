@@ -1,0 +1,139 @@
+"""The founding outage: a TopoLVM pod webhook puts the marker resource ``topolvm.io/capacity``
+on pods, no Node has that resource, and kube-scheduler has no extender that manages it, so it
+rejects every node with ``Insufficient topolvm.io/capacity`` while the disks have room."""
+
+from __future__ import annotations
+
+from topolvm.doctor.model import Check, Finding, Fix, Ref, Severity
+from topolvm.doctor.snapshot import (
+    Obj,
+    Snapshot,
+    event_line,
+    human_bytes,
+    marker_of,
+    name_of,
+    ns_of,
+    owner,
+    pod_label,
+    scheduling_message,
+    unscheduled,
+)
+
+ID = "marker-without-extender"
+
+
+def stranded(snap: Snapshot, pod: Obj, marker: str) -> list[str]:
+    """Evidence that kube-scheduler rejected the pod for the marker (empty if it did not)."""
+    insufficient = f"Insufficient {marker}"
+    out = [
+        f"{pod_label(pod)}: {event_line(e)}"
+        for e in snap.events("Pod", ns_of(pod), name_of(pod), "FailedScheduling")
+        if insufficient in str(e.get("message", ""))
+    ][-1:]
+    if not out and insufficient in scheduling_message(pod):
+        out.append(f"{pod_label(pod)}: PodScheduled=False: {scheduling_message(pod)}")
+    return out
+
+
+def delete_pods_command(pods: list[Obj]) -> tuple[str, ...]:
+    by_ns: dict[str, list[str]] = {}
+    for p in pods:
+        by_ns.setdefault(ns_of(p), []).append(name_of(p))
+    return tuple(f"kubectl delete pod -n {ns} {' '.join(sorted(n))}" for ns, n in by_ns.items())
+
+
+def recreate_note(pods: list[Obj]) -> str:
+    bare = [pod_label(p) for p in pods if owner(p) is None]
+    if not bare:
+        return "their controllers recreate them without the marker"
+    return f"recreate {', '.join(bare)} from their manifests afterwards (no controller owns them)"
+
+
+def capacity_evidence(snap: Snapshot, marker: str) -> list[str]:
+    plugin = marker.split("/", maxsplit=1)[0]
+    advertised = [
+        name_of(n)
+        for n in snap["nodes"]
+        if marker in ((n.get("status") or {}).get("allocatable") or {})
+    ]
+    out = [
+        f"no Node advertises {marker} in status.allocatable"
+        if not advertised
+        else f"only {len(advertised)} Node(s) advertise {marker}: {', '.join(advertised[:5])}"
+    ]
+    prefix = f"capacity.{plugin}/"
+    for n in snap["nodes"][:200]:
+        free = {
+            k.removeprefix(prefix): int(v)
+            for k, v in ((n.get("metadata") or {}).get("annotations") or {}).items()
+            if k.startswith(prefix) and v.isdigit() and int(v) > 0
+        }
+        if free:
+            classes = ", ".join(f"{dc} {human_bytes(b)}" for dc, b in sorted(free.items()))
+            out.append(f"node {name_of(n)} has free space: {classes}")
+            if len(out) >= 4:
+                break
+    return out
+
+
+def run(snap: Snapshot) -> list[Finding]:
+    hooks = snap.pod_webhooks()
+    if not hooks:
+        return []  # marker-left-on-pods covers pods marked by a webhook that is gone
+    pods, evidence = [], []
+    for pod in snap["pods"]:
+        marker = marker_of(pod)
+        if marker and unscheduled(pod) and (lines := stranded(snap, pod, marker)):
+            pods.append(pod)
+            evidence += lines
+    if not pods:
+        return []
+    marker = marker_of(pods[0]) or ""
+    confs = sorted({name_of(conf) for conf, _, _ in hooks})
+    evidence += [
+        f"MutatingWebhookConfiguration {name_of(conf)}: webhook {hook.get('name')} mutates pods"
+        for conf, hook, _ in hooks
+    ]
+    evidence += capacity_evidence(snap, marker)
+    driver = marker.split("/")[0]
+    csidriver = snap.get("csidrivers", driver)
+    sct = [f"kubectl delete mutatingwebhookconfiguration {' '.join(confs)}"]
+    if csidriver is not None and not (csidriver.get("spec") or {}).get("storageCapacity"):
+        sct.append(
+            f"kubectl patch csidriver {driver} --type=merge "
+            '-p \'{"spec":{"storageCapacity":true}}\''
+        )
+    sct += delete_pods_command(pods)
+    fixes = (
+        Fix(
+            "Switch to Storage Capacity Tracking: remove the pod webhook (Helm: "
+            "webhook.podMutatingWebhook.enabled=false) and delete the mutated pods; "
+            + recreate_note(pods)
+            + ". csi-provisioner must run with --enable-capacity.",
+            tuple(sct),
+        ),
+        Fix(
+            "Wire the extender: run topolvm-scheduler (Helm: scheduler.enabled=true) and add "
+            "its stanza with managedResources to kube-scheduler's configuration; pods "
+            "already Pending then schedule.",
+            ("topolvm scheduler print-config --managed-resource",),
+        ),
+    )
+    return [
+        Finding(
+            check=ID,
+            severity=Severity.ERROR,
+            title=f"{len(pods)} pod(s) Pending: kube-scheduler wants {marker}, which no node has",
+            cause=f"pod webhook adds {marker} but kube-scheduler has no extender for it",
+            evidence=tuple(evidence),
+            fixes=fixes,
+            subjects=tuple(Ref("Pod", name_of(p), ns_of(p)) for p in pods)
+            + tuple(Ref("MutatingWebhookConfiguration", c) for c in confs),
+        )
+    ]
+
+
+CHECK = Check(
+    ID, 0, ("pods", "events", "webhooks", "nodes"), run,
+    "pods marked with <plugin>/capacity by the webhook while kube-scheduler has no extender",
+)  # fmt: skip

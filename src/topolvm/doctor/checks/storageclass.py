@@ -1,0 +1,90 @@
+"""TopoLVM StorageClasses that cannot work: Immediate binding (the volume is made before the pod
+is placed, on a node kube-scheduler did not choose), a device class no node has, a provisioner
+of the other API group than the driver that runs, or a parameter key of the other group."""
+
+from __future__ import annotations
+
+from topolvm.capacity_annotations import class_key
+from topolvm.doctor.model import Check, Finding, Fix, Ref, Severity
+from topolvm.doctor.snapshot import BOTH, Obj, Snapshot, annotations_of, name_of
+
+ID = "storageclass"
+
+
+def run(snap: Snapshot) -> list[Finding]:
+    findings = []
+    drivers = {name_of(d) for d in snap["csidrivers"]}
+    for sc, names in snap.topolvm_classes():
+        sc_name = name_of(sc)
+        subject = (Ref("StorageClass", sc_name),)
+        params = dict(sc.get("parameters") or {})
+
+        def add(
+            severity: Severity, title: str, cause: str, evidence: list[str], fix: Fix,
+            sc_name: str = sc_name, subject: tuple[Ref, ...] = subject,
+        ) -> None:  # fmt: skip
+            findings.append(Finding(ID, severity, f"StorageClass {sc_name}: {title}", cause,
+                                    tuple(evidence), (fix,), subject))  # fmt: skip
+
+        if sc.get("volumeBindingMode", "Immediate") != "WaitForFirstConsumer":
+            add(Severity.ERROR, "volumeBindingMode is Immediate",
+                "the volume is created before the pod is scheduled, on a node chosen without "
+                "the pod, which then cannot run anywhere else",
+                [f"StorageClass {sc_name}: volumeBindingMode "
+                 f"{sc.get('volumeBindingMode', 'Immediate (default)')}"],
+                Fix("The field is immutable: re-create the StorageClass with "
+                    "volumeBindingMode: WaitForFirstConsumer (existing PVs keep working).",
+                    (f"kubectl get storageclass {sc_name} -o yaml > sc.yaml",
+                     f"kubectl delete storageclass {sc_name}")))  # fmt: skip
+        if names.plugin not in drivers and (other := _running_other(names.plugin, drivers)):
+            add(Severity.ERROR, f"provisioner {names.plugin}, but the driver runs as {other}",
+                f"no CSI driver named {names.plugin} runs, so its PVCs wait forever for an "
+                "external provisioner",
+                [f"StorageClass {sc_name}: provisioner {names.plugin}",
+                 f"CSIDriver objects: {', '.join(sorted(drivers)) or 'none'}"],
+                Fix(f"Re-create the StorageClass with provisioner {other} (and parameters "
+                    f"{other}/...), or run TopoLVM in "
+                    + ("legacy mode (USE_LEGACY)." if names.legacy else "new-group mode."),
+                    (f"kubectl get storageclass {sc_name} -o yaml > sc.yaml",)))  # fmt: skip
+        for n in BOTH:
+            key = n.device_class_param
+            if n is not names and key in params:
+                add(Severity.WARNING, f"parameter {key} belongs to the other API group",
+                    f"the provisioner {names.plugin} reads {names.device_class_param} only, so "
+                    "this class provisions from the default device class",
+                    [f"StorageClass {sc_name}: parameters {key}={params[key]}"],
+                    Fix(f"Re-create it with {names.device_class_param}."))  # fmt: skip
+        dc = params.get(names.device_class_param, "")
+        annotated = [nd for nd in snap["nodes"] if _has_capacity(nd, names.capacity_prefix)]
+        key = names.capacity_prefix + class_key(dc)
+        if annotated and not any(key in annotations_of(nd) for nd in annotated):
+            known = sorted(
+                {
+                    k.removeprefix(names.capacity_prefix)
+                    for nd in annotated
+                    for k in annotations_of(nd)
+                    if k.startswith(names.capacity_prefix)
+                }
+            )
+            add(Severity.ERROR, f"device class {dc or '(default)'} exists on no node",
+                "no lvmd has this device class, so every CreateVolume fails and its PVCs stay "
+                "Pending",
+                [f"StorageClass {sc_name}: {names.device_class_param}={dc or '(unset)'}",
+                 f"{len(annotated)} node(s) report classes: {', '.join(known)}"],
+                Fix("Use one of the node's device classes in the StorageClass, or add the "
+                    "class to lvmd's device-classes (Helm: lvmd.deviceClasses).",))  # fmt: skip
+    return findings
+
+
+def _running_other(plugin: str, drivers: set[str]) -> str | None:
+    return next((n.plugin for n in BOTH if n.plugin != plugin and n.plugin in drivers), None)
+
+
+def _has_capacity(node: Obj, prefix: str) -> bool:
+    return any(k.startswith(prefix) for k in annotations_of(node))
+
+
+CHECK = Check(
+    ID, 5, ("storageclasses", "csidrivers", "nodes"), run,
+    "StorageClasses with Immediate binding, an unknown device class or the other API group",
+)  # fmt: skip

@@ -1,0 +1,222 @@
+"""Reads the cluster for ``topolvm doctor``: list calls only, concurrently, with raw JSON
+objects (generic resources: no model parsing, so 5000 PVCs read in well under a second)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx2
+from lightkube import ALL_NS, ApiError, AsyncClient
+from lightkube.core.resource import NamespacedResource
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
+from prometheus_client.parser import text_string_to_metric_families
+
+from topolvm.doctor.snapshot import TOPOLVM_NODE_CONTAINER, Obj, Snapshot, name_of, ns_of
+from topolvm.k8s import api
+
+log = logging.getLogger("topolvm.doctor")
+CHUNK = 500
+EVENT_REASONS = ("FailedScheduling", "ProvisioningFailed", "FailedCreate")
+TLS_TIMEOUT = 3.0
+
+# kind -> (group, version, Kind, plural, namespaced)
+KINDS: dict[str, tuple[str, str, str, str, bool]] = {
+    "nodes": ("", "v1", "Node", "nodes", False),
+    "pods": ("", "v1", "Pod", "pods", True),
+    "pvcs": ("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims", True),
+    "pvs": ("", "v1", "PersistentVolume", "persistentvolumes", False),
+    "services": ("", "v1", "Service", "services", True),
+    "csinodes": ("storage.k8s.io", "v1", "CSINode", "csinodes", False),
+    "storageclasses": ("storage.k8s.io", "v1", "StorageClass", "storageclasses", False),
+    "csidrivers": ("storage.k8s.io", "v1", "CSIDriver", "csidrivers", False),
+    "csistoragecapacities": (
+        "storage.k8s.io", "v1", "CSIStorageCapacity", "csistoragecapacities", True,
+    ),
+    "webhooks": (
+        "admissionregistration.k8s.io", "v1", "MutatingWebhookConfiguration",
+        "mutatingwebhookconfigurations", False,
+    ),
+    "endpointslices": ("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices", True),
+    "logicalvolumes": ("topolvm.io", "v1", "LogicalVolume", "logicalvolumes", False),
+    "legacy-logicalvolumes": (
+        "topolvm.cybozu.com", "v1", "LogicalVolume", "logicalvolumes", False,
+    ),
+}  # fmt: skip
+_EVENT = create_namespaced_resource("", "v1", "Event", "events")
+_SECRET = create_namespaced_resource("", "v1", "Secret", "secrets")
+# CRDs that are not installed read as no objects; any other 404 is a missing API.
+_OPTIONAL = ("logicalvolumes", "legacy-logicalvolumes")
+METRICS_FLAG = "--metrics-bind-address"
+THIN_METRICS = {
+    "topolvm_thinpool_data_percent": "data_percent",
+    "topolvm_thinpool_metadata_percent": "metadata_percent",
+}
+
+
+class DoctorError(Exception):
+    """The cluster could not be read at all (unreachable API server, bad credentials)."""
+
+
+def _resource(kind: str) -> Any:
+    group, version, k, plural, namespaced = KINDS[kind]
+    make = create_namespaced_resource if namespaced else create_global_resource
+    return make(group, version, k, plural)
+
+
+async def _list(client: AsyncClient, res: Any, **kw: Any) -> list[Obj]:
+    """Every object of ``res`` (of every namespace, unless ``namespace`` is given)."""
+    if issubclass(res, NamespacedResource):
+        kw.setdefault("namespace", ALL_NS)
+    return [api.to_dict(o) async for o in client.list(res, chunk_size=CHUNK, **kw)]
+
+
+async def collect(client: AsyncClient) -> Snapshot:
+    """Every kind the checks read; a kind that cannot be read is recorded with the reason.
+    Raises DoctorError when the API server cannot be used at all."""
+    snap = Snapshot({})
+
+    async def read(kind: str, coro: Any) -> None:
+        try:
+            snap.objects[kind] = await coro
+        except ApiError as e:
+            if api.is_not_found(e) and kind in _OPTIONAL:
+                snap.objects[kind] = []
+                return
+            snap.unreadable[kind] = api.describe(e)
+            log.debug("cannot read %s: %s", kind, api.describe(e))
+        except api.ProxyError as e:
+            snap.unreadable[kind] = str(e)
+
+    async def events() -> list[Obj]:
+        lists = await asyncio.gather(
+            *(_list(client, _EVENT, fields={"reason": r}) for r in EVENT_REASONS)
+        )
+        return [e for items in lists for e in items]
+
+    try:
+        await asyncio.gather(
+            *(read(kind, _list(client, _resource(kind))) for kind in KINDS),
+            read("events", events()),
+        )
+        await read("secrets", _webhook_secrets(client, snap))
+    except httpx2.TransportError as e:
+        raise DoctorError(api.describe(e)) from e
+    if len(snap.unreadable) == len(KINDS) + 2 and all(
+        "401" in why for why in snap.unreadable.values()
+    ):
+        raise DoctorError(f"the API server refused the credentials: {snap.unreadable['nodes']}")
+    snap.objects["served-certificates"] = await _served_certificates(snap)
+    await read("node-metrics", _node_metrics(client, snap))
+    return snap
+
+
+def metrics_port(pod: Obj) -> int:
+    """topolvm-node's --metrics-bind-address port (upstream's default :8080)."""
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        if c.get("name") != TOPOLVM_NODE_CONTAINER:
+            continue
+        argv = [str(a) for a in [*(c.get("command") or []), *(c.get("args") or [])]]
+        for i, arg in enumerate(argv):
+            value = None
+            if arg.startswith(f"{METRICS_FLAG}="):
+                value = arg.split("=", 1)[1]
+            elif arg == METRICS_FLAG and i + 1 < len(argv):
+                value = argv[i + 1]
+            if value and value.rsplit(":", 1)[-1].isdigit():
+                return int(value.rsplit(":", 1)[-1])
+    return 8080
+
+
+def thin_pools(text: str) -> list[Obj]:
+    """Thin pool usage per device class from topolvm-node's /metrics."""
+    pools: dict[str, Obj] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = THIN_METRICS.get(sample.name)
+            if key is not None:
+                dc = sample.labels.get("device_class", "")
+                pools.setdefault(dc, {"device_class": dc})[key] = float(sample.value)
+    return list(pools.values())
+
+
+async def _node_metrics(client: AsyncClient, snap: Snapshot) -> list[Obj]:
+    """Thin pool usage of every running topolvm-node pod, read from its /metrics through the
+    API server's pod proxy (RBAC: ``get pods/proxy``). A 403 makes the kind unreadable; a pod
+    that does not answer is recorded with the error."""
+    gate = asyncio.Semaphore(16)
+    pods = [
+        p for node in sorted({str((p.get("spec") or {}).get("nodeName")) for p in snap["pods"]})
+        if (p := snap.topolvm_node_pod(node)) is not None
+        and (p.get("status") or {}).get("phase") == "Running"
+        and (p.get("status") or {}).get("podIP")
+    ]  # fmt: skip
+
+    async def fetch(pod: Obj) -> Obj:
+        node = str(pod["spec"]["nodeName"])
+        out: Obj = {"metadata": {"name": node}, "pod": f"{ns_of(pod)}/{name_of(pod)}"}
+        async with gate:
+            try:
+                text = await api.pod_proxy_get(
+                    client, ns_of(pod), name_of(pod), metrics_port(pod), "metrics"
+                )
+            except api.ProxyError as e:
+                if e.code in (401, 403):
+                    raise  # no right to read any node's metrics: the kind is unreadable
+                out["error"] = str(e)
+                return out
+        out["pools"] = thin_pools(text)
+        return out
+
+    return list(await asyncio.gather(*(fetch(p) for p in pods)))
+
+
+async def _webhook_secrets(client: AsyncClient, snap: Snapshot) -> list[Obj]:
+    """TLS Secrets in the namespaces of TopoLVM's webhook Services (where a serving
+    certificate lives), to compare with the configurations' caBundle."""
+    namespaces = {
+        str(svc.get("namespace"))
+        for _, hook, _ in snap.pod_webhooks()
+        if (svc := (hook.get("clientConfig") or {}).get("service"))
+    }
+    out: list[Obj] = []
+    for ns in sorted(namespaces):
+        out += await _list(client, _SECRET, namespace=ns, fields={"type": "kubernetes.io/tls"})
+    return out
+
+
+async def _served_certificates(snap: Snapshot) -> list[Obj]:
+    """For webhooks called by URL: the certificate the URL serves (DER, hex), fetched by a
+    TLS handshake; unreachable URLs are left out (the doctor may run outside the cluster)."""
+    out = []
+    for _, hook, _ in snap.pod_webhooks():
+        url = str((hook.get("clientConfig") or {}).get("url") or "")
+        if not url.startswith("https://"):
+            continue
+        parts = urlsplit(url)
+        der = await _peer_certificate(parts.hostname or "", parts.port or 443)
+        if der is not None:
+            out.append({"metadata": {"name": url}, "der": der.hex()})
+    return out
+
+
+async def _peer_certificate(host: str, port: int) -> bytes | None:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE  # only to read the certificate; nothing is sent
+    try:
+        _, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, ssl=ctx), TLS_TIMEOUT
+        )
+    except (TimeoutError, OSError) as e:
+        log.debug("cannot reach webhook %s:%s: %s", host, port, e)
+        return None
+    try:
+        obj = writer.get_extra_info("ssl_object")
+        der = obj.getpeercert(binary_form=True) if obj is not None else None
+        return bytes(der) if der else None
+    finally:
+        writer.close()

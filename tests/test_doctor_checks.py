@@ -1,0 +1,250 @@
+"""Each ``topolvm doctor`` check on its own, over snapshots built in doctor_scenarios.py: the
+broken state gives the finding (with its evidence and fix), the healthy one none. The same
+states are built on the real control plane in test_cluster_doctor.py."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from pathlib import Path
+
+import pytest
+
+from tests import doctor_scenarios as s
+from topolvm.doctor import checks
+from topolvm.doctor.checks import all_checks
+from topolvm.doctor.collect import metrics_port, thin_pools
+from topolvm.doctor.model import Finding, Severity
+from topolvm.doctor.snapshot import Snapshot
+
+GiB = 1 << 30
+SEED_FREE = 257693843456
+INSUFFICIENT = "0/1 nodes are available: 1 Insufficient topolvm.io/capacity."
+
+
+def run(check_id: str, snap: Snapshot) -> list[Finding]:
+    [check] = [c for c in all_checks() if c.id == check_id]
+    return check.run(snap)
+
+
+def test_every_module_in_the_checks_package_is_a_registered_check() -> None:
+    modules = [m.name for m in pkgutil.iter_modules(checks.__path__)]
+    defined = [importlib.import_module(f"{checks.__name__}.{m}").CHECK.id for m in modules]
+    registered = [c.id for c in all_checks()]
+    assert sorted(defined) == sorted(registered) and len(set(registered)) == len(registered)
+    assert registered[0] == "marker-without-extender"  # the seed's case is reported first
+
+
+def test_the_troubleshooting_guide_shows_every_check() -> None:
+    guide = (Path(__file__).parent.parent / "docs" / "troubleshooting.md").read_text()
+    missing = [c.id for c in all_checks() if f"[{c.id}]" not in guide]
+    assert missing == []
+
+
+def seed(hook: bool = True, message: str = INSUFFICIENT) -> Snapshot:
+    pods = [s.pod(f"vault-{i}", "vault", (f"data-vault-{i}", f"audit-vault-{i}"),
+                  marker=True, message=message) for i in range(3)]  # fmt: skip
+    return s.snapshot(
+        *s.node("worker-1", SEED_FREE), s.csidriver(), s.sc(), *pods, *s.endpoints(),
+        s.capacity("topolvm-provisioner", "worker-1", SEED_FREE), *([s.hook()] if hook else []),
+        s.event("Pod", "vault-0", "FailedScheduling", INSUFFICIENT, ns="vault"),
+    )  # fmt: skip
+
+
+def test_marker_without_extender_names_the_seed_and_both_fixes() -> None:
+    [f] = run("marker-without-extender", seed())
+    assert (
+        f.cause == "pod webhook adds topolvm.io/capacity but kube-scheduler has no extender for it"
+    )
+    assert f.severity == Severity.ERROR and f.title.startswith("3 pod(s) Pending")
+    assert "pod vault/vault-0: FailedScheduling (x3): " + INSUFFICIENT in f.evidence
+    assert "node worker-1 has free space: ssd 240 GiB" in f.evidence
+    assert "no Node advertises topolvm.io/capacity in status.allocatable" in f.evidence
+    sct, extender = f.fixes
+    assert sct.commands == (
+        "kubectl delete mutatingwebhookconfiguration topolvm-hook",
+        "kubectl delete pod -n vault vault-0 vault-1 vault-2",
+    )
+    assert "their controllers recreate them" in sct.summary
+    assert extender.commands == ("topolvm scheduler print-config --managed-resource",)
+
+
+def test_marker_without_extender_quiet_when_the_scheduler_does_not_complain() -> None:
+    assert run("marker-without-extender", _no_event(seed())) == []
+    assert run("marker-without-extender", seed(hook=False)) == []  # the next check's case
+
+
+def _no_event(snap: Snapshot) -> Snapshot:
+    """Marked pods, but kube-scheduler has not said Insufficient (an extender manages it)."""
+    snap.objects["events"] = []
+    for p in snap["pods"]:
+        p["status"]["conditions"] = []
+    return snap
+
+
+def test_marker_left_on_pods_after_the_webhook_is_gone() -> None:
+    [f] = run("marker-left-on-pods", seed(hook=False))
+    assert f.fixes[0].commands == ("kubectl delete pod -n vault vault-0 vault-1 vault-2",)
+    assert run("marker-left-on-pods", seed(hook=True)) == []
+    healthy = s.snapshot(*s.node("w"), s.pod("p", marker=False))
+    assert run("marker-left-on-pods", healthy) == []
+
+
+def test_webhook_without_endpoints_or_with_a_ca_bundle_that_does_not_verify() -> None:
+    ca, secret = s.tls_secret()
+    [f] = run("webhook-unserved", s.snapshot(s.hook(ca=ca)))
+    assert "Service topolvm-system/topolvm-controller does not exist" in f.evidence
+    [f] = run("webhook-unserved", s.snapshot(s.hook(ca=ca), *s.endpoints(ready=False)))
+    assert "has no ready endpoint" in f.evidence[1] and f.cluster_wide
+    [f] = run("webhook-unserved", s.snapshot(s.hook(ca=s.other_ca()), *s.endpoints(), secret))
+    assert "caBundle does not verify" in f.title
+    assert run("webhook-unserved", s.snapshot(s.hook(ca=ca), *s.endpoints(), secret)) == []
+
+
+def test_csidriver_missing_attach_required_or_capacity_off() -> None:
+    [f] = run("csidriver", s.snapshot(s.sc()))
+    assert f.title == "CSIDriver topolvm.io does not exist"
+    titles = [
+        f.title
+        for f in run("csidriver", s.snapshot(s.sc(), s.csidriver(capacity=False, attach=True)))
+    ]
+    assert titles == ["CSIDriver topolvm.io has attachRequired: true",
+                      "CSIDriver topolvm.io has storageCapacity off"]  # fmt: skip
+    # The extender's marker mode (a pod webhook) does not need capacity tracking.
+    assert run("csidriver", s.snapshot(s.sc(), s.csidriver(capacity=False), s.hook())) == []
+    assert run("csidriver", s.snapshot(s.sc(), s.csidriver())) == []
+
+
+def test_capacity_objects_missing_or_stale() -> None:
+    base = (*s.node("w1", 100 * GiB), s.sc(), s.csidriver())
+    [f] = run("capacity-objects", s.snapshot(*base))
+    assert f.severity == Severity.ERROR and "no CSIStorageCapacity for 1 node(s)" in f.title
+    [f] = run("capacity-objects", s.snapshot(*base, s.capacity("topolvm-provisioner", "w1", GiB)))
+    assert "stale" in f.title and "says 1 GiB for node w1" in f.evidence[0]
+    fresh = s.capacity("topolvm-provisioner", "w1", GiB, written="2026-11-24T11:59:00Z")
+    assert run("capacity-objects", s.snapshot(*base, fresh)) == []  # not refreshed yet: fine
+    good = s.capacity("topolvm-provisioner", "w1", 100 * GiB)
+    assert run("capacity-objects", s.snapshot(*base, good)) == []
+
+
+def test_storage_classes_that_cannot_work() -> None:
+    nodes = s.node("w1")
+    drivers = s.csidriver()
+    found = run("storageclass", s.snapshot(
+        *nodes, drivers, s.sc("immediate", binding="Immediate"), s.sc("nvme", dc="nvme"),
+        s.sc("legacy", provisioner="topolvm.cybozu.com"),
+        s.sc("mixed", dc=None, params={"topolvm.cybozu.com/device-class": "ssd"}),
+    ))  # fmt: skip
+    titles = sorted(f.title for f in found)
+    assert titles == [
+        "StorageClass immediate: volumeBindingMode is Immediate",
+        "StorageClass legacy: provisioner topolvm.cybozu.com, but the driver runs as topolvm.io",
+        "StorageClass mixed: device class (default) exists on no node",
+        "StorageClass mixed: parameter topolvm.cybozu.com/device-class belongs to the other API "
+        "group",
+        "StorageClass nvme: device class nvme exists on no node",
+    ]
+    assert run("storageclass", s.snapshot(*nodes, drivers, s.sc())) == []
+
+
+def test_pvc_provisioning_failures_name_the_node_and_its_free_bytes() -> None:
+    selected = {"volume.kubernetes.io/selected-node": "w1"}
+    exhausted = ("failed to provision volume with StorageClass \"topolvm-provisioner\": rpc error: "
+                 "code = ResourceExhausted desc = node w1 has 3221225472 bytes free")  # fmt: skip
+    missing = "rpc error: code = NotFound desc = device-class not found: nvme"
+    snap = s.snapshot(
+        *s.node("w1", 3 * GiB), s.sc(),
+        s.pvc("big", annotations=selected), s.event("PersistentVolumeClaim", "big",
+                                                    "ProvisioningFailed", exhausted),
+        s.pvc("odd", annotations=selected), s.event("PersistentVolumeClaim", "odd",
+                                                    "ProvisioningFailed", missing),
+        s.pvc("waiting"),
+    )  # fmt: skip
+    big, odd = run("pvc-provisioning", snap)
+    assert big.title == "PVC app/big Pending: no room for the volume"
+    assert (
+        "selected node w1: 3 GiB free in device class ssd; the PVC requests 10 GiB" in big.evidence
+    )
+    assert odd.title == "PVC app/odd Pending: device class ssd not found on the node"
+
+
+def test_logical_volumes_failed_stuck_or_on_a_deleted_node() -> None:
+    snap = s.snapshot(
+        *s.node("w1"), s.lv("failed", "w1", code=8), s.lv("stuck", "w1", deleting=s.OLD),
+        s.lv("orphan", "gone"), s.lv("fine", "w1"),
+        s.lv("new-deleting", "w1", deleting="2026-11-24T11:59:00Z"),
+    )  # fmt: skip
+    titles = [f.title for f in run("logicalvolume", snap)]
+    assert titles == [
+        "LogicalVolume failed (topolvm.io) on node w1: creation failed (8)",
+        "LogicalVolume stuck (topolvm.io) on node w1: stuck in deletion for 1h0m",
+        "LogicalVolume orphan (topolvm.io) on node gone: the node no longer exists",
+    ]
+
+
+def test_node_capacity_missing_or_frozen() -> None:
+    [f] = run("node-capacity", s.snapshot(*s.node("w1", free=None)))
+    assert f.title == "node w1: no capacity.topolvm.io/ annotations"
+    down = s.pod("topolvm-node-abc", "topolvm-system", node_name="w1", container="topolvm-node",
+                 phase="Pending", owned=True)  # fmt: skip
+    [f] = run("node-capacity", s.snapshot(*s.node("w1"), down))
+    assert f.severity == Severity.WARNING and "not refreshed" in f.title
+    up = s.pod("topolvm-node-abc", "topolvm-system", node_name="w1", container="topolvm-node",
+               phase="Running", ready=True)  # fmt: skip
+    assert run("node-capacity", s.snapshot(*s.node("w1"), up)) == []
+    assert run("node-capacity", s.snapshot(*s.node("other", free=None, csi=False))) == []
+
+
+def test_pod_with_node_name_and_an_unbound_wait_for_first_consumer_claim() -> None:
+    snap = s.snapshot(s.sc(), s.pvc("data"), s.pod("pinned", claims=("data",), node_name="w1"))
+    [f] = run("pod-nodename", snap)
+    assert "nodeSelector kubernetes.io/hostname: w1" in f.fixes[0].summary
+    scheduled = s.pvc("data", annotations={"volume.kubernetes.io/selected-node": "w1"})
+    assert (
+        run(
+            "pod-nodename",
+            s.snapshot(s.sc(), scheduled, s.pod("p", claims=("data",), node_name="w1")),
+        )
+        == []
+    )
+
+
+def test_legacy_mixtures() -> None:
+    both = s.snapshot(s.csidriver(), s.csidriver("topolvm.cybozu.com"))
+    [f] = run("legacy-mixture", both)
+    assert f.title == "CSIDrivers of both API groups are registered"
+    orphaned = s.snapshot(s.csidriver(), s.lv("old", "w1", kind="legacy-logicalvolumes"))
+    [f] = run("legacy-mixture", orphaned)
+    assert f.title == "1 LogicalVolume(s) of topolvm.cybozu.com, whose driver does not run"
+    assert run("legacy-mixture", s.snapshot(s.csidriver(), s.lv("new", "w1"))) == []
+
+
+def test_thin_pools_above_the_thresholds() -> None:
+    snap = s.snapshot(s.metrics("w1", "thin", 85.0, 10.0), s.metrics("w2", "thin", 50.0, 97.5),
+                      s.metrics("w3", "thin", 79.9, 79.9))  # fmt: skip
+    found = {f.subjects[0].name: f for f in run("thinpool", snap)}
+    assert sorted(found) == ["w1", "w2"]
+    assert found["w1"].severity == Severity.WARNING and "is data 85.0% full" in found["w1"].title
+    assert found["w2"].severity == Severity.ERROR and "metadata 97.5%" in found["w2"].title
+
+
+def test_topolvm_node_metrics_are_parsed_for_thin_pools_and_the_port_found() -> None:
+    text = (
+        "# TYPE topolvm_thinpool_data_percent gauge\n"
+        'topolvm_thinpool_data_percent{device_class="thin",node="w1"} 91.5\n'
+        "# TYPE topolvm_thinpool_metadata_percent gauge\n"
+        'topolvm_thinpool_metadata_percent{device_class="thin",node="w1"} 12\n'
+        'topolvm_volumegroup_size_bytes{device_class="ssd",node="w1"} 1e+10\n'
+    )
+    assert thin_pools(text) == [
+        {"device_class": "thin", "data_percent": 91.5, "metadata_percent": 12.0}
+    ]
+    container = {"name": "topolvm-node", "command": ["topolvm", "node"],
+                 "args": ["--metrics-bind-address", "0.0.0.0:9090"]}  # fmt: skip
+    assert metrics_port({"spec": {"containers": [container]}}) == 9090
+    assert metrics_port({"spec": {"containers": [{"name": "topolvm-node"}]}}) == 8080
+
+
+@pytest.mark.parametrize("check", [c.id for c in all_checks()])
+def test_an_empty_cluster_is_healthy_for_every_check(check: str) -> None:
+    assert run(check, s.snapshot()) == []
