@@ -38,6 +38,7 @@ def snapshot(*objs: tuple[str, Obj]) -> Snapshot:
         "secrets",
         "served-certificates",
         "node-metrics",
+        "scheduler-status",
     )
     out: dict[str, list[Obj]] = {k: [] for k in kinds}
     for kind, obj in objs:

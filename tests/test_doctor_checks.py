@@ -60,6 +60,7 @@ def test_marker_without_extender_names_the_seed_and_both_fixes() -> None:
     assert "pod vault/vault-0: FailedScheduling (x3): " + INSUFFICIENT in f.evidence
     assert "node worker-1 has free space: ssd 240 GiB" in f.evidence
     assert "no Node advertises topolvm.io/capacity in status.allocatable" in f.evidence
+    assert "no topolvm-scheduler pod runs in the cluster" in f.evidence
     sct, extender = f.fixes
     assert sct.commands == (
         "kubectl delete mutatingwebhookconfiguration topolvm-hook",
@@ -67,6 +68,23 @@ def test_marker_without_extender_names_the_seed_and_both_fixes() -> None:
     )
     assert "their controllers recreate them" in sct.summary
     assert extender.commands == ("topolvm scheduler print-config --managed-resource",)
+
+
+def test_marker_without_extender_shows_what_the_extender_says_on_status() -> None:
+    snap = seed()
+    wired = "unknown: no /predicate or /prioritize call since start 3600s ago. ..."
+    snap.objects["scheduler-status"] = [
+        {"metadata": {"name": "topolvm-scheduler-x", "namespace": "topolvm-system"},
+         "status": {"mode": "managed-resource", "wired": wired}},
+        {"metadata": {"name": "topolvm-scheduler-y", "namespace": "topolvm-system"},
+         "error": "GET /api/v1/...: 404 not found"},
+    ]  # fmt: skip
+    [f] = run("marker-without-extender", snap)
+    assert (
+        f"topolvm-scheduler pod topolvm-system/topolvm-scheduler-x: /status mode "
+        f"managed-resource, wired: {wired}" in f.evidence
+    )
+    assert any("topolvm-scheduler-y: /status not readable (GET" in e for e in f.evidence)
 
 
 def test_marker_without_extender_quiet_when_the_scheduler_does_not_complain() -> None:

@@ -4,6 +4,7 @@ objects (generic resources: no model parsing, so 5000 PVCs read in well under a 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import ssl
 from typing import Any
@@ -51,6 +52,8 @@ _SECRET = create_namespaced_resource("", "v1", "Secret", "secrets")
 # CRDs that are not installed read as no objects; any other 404 is a missing API.
 _OPTIONAL = ("logicalvolumes", "legacy-logicalvolumes")
 METRICS_FLAG = "--metrics-bind-address"
+SCHEDULER_CONTAINER = "topolvm-scheduler"
+SCHEDULER_PORT = 9251  # upstream's and the chart's default listen port
 THIN_METRICS = {
     "topolvm_thinpool_data_percent": "data_percent",
     "topolvm_thinpool_metadata_percent": "metadata_percent",
@@ -111,6 +114,7 @@ async def collect(client: AsyncClient) -> Snapshot:
         raise DoctorError(f"the API server refused the credentials: {snap.unreadable['nodes']}")
     snap.objects["served-certificates"] = await _served_certificates(snap)
     await read("node-metrics", _node_metrics(client, snap))
+    snap.objects["scheduler-status"] = await _scheduler_status(client, snap)
     return snap
 
 
@@ -172,6 +176,31 @@ async def _node_metrics(client: AsyncClient, snap: Snapshot) -> list[Obj]:
         return out
 
     return list(await asyncio.gather(*(fetch(p) for p in pods)))
+
+
+async def _scheduler_status(client: AsyncClient, snap: Snapshot) -> list[Obj]:
+    """``/status`` of running topolvm-scheduler pods (ours says whether kube-scheduler calls
+    it), through the pod proxy: evidence only, so any failure is kept as the entry's error."""
+    out = []
+    for pod in snap["pods"]:
+        containers = (pod.get("spec") or {}).get("containers") or []
+        sched = next((c for c in containers if c.get("name") == SCHEDULER_CONTAINER), None)
+        status = pod.get("status") or {}
+        if sched is None or status.get("phase") != "Running" or not status.get("podIP"):
+            continue
+        ports = [p.get("containerPort") for p in sched.get("ports") or []]
+        port = int(ports[0]) if ports and ports[0] else SCHEDULER_PORT
+        entry: Obj = {"metadata": {"name": name_of(pod), "namespace": ns_of(pod)}}
+        try:
+            entry["status"] = json.loads(
+                await api.pod_proxy_get(client, ns_of(pod), name_of(pod), port, "status")
+            )
+        except (api.ProxyError, ValueError) as e:
+            entry["error"] = str(e)
+        out.append(entry)
+        if len(out) >= 3:  # one answer tells how kube-scheduler is wired
+            break
+    return out
 
 
 async def _webhook_secrets(client: AsyncClient, snap: Snapshot) -> list[Obj]:

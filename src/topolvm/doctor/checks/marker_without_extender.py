@@ -76,6 +76,22 @@ def capacity_evidence(snap: Snapshot, marker: str) -> list[str]:
     return out
 
 
+def extender_evidence(snap: Snapshot) -> list[str]:
+    """What the topolvm-scheduler pods say on /status (ours: whether kube-scheduler calls)."""
+    entries = snap["scheduler-status"]
+    if not entries:
+        return ["no topolvm-scheduler pod runs in the cluster"]
+    out = []
+    for e in entries:
+        where = f"topolvm-scheduler pod {ns_of(e)}/{name_of(e)}"
+        doc = e.get("status")
+        if isinstance(doc, dict) and "wired" in doc:
+            out.append(f"{where}: /status mode {doc.get('mode')}, wired: {doc.get('wired')}")
+        else:
+            out.append(f"{where}: /status not readable ({e.get('error', 'no wiring report')})")
+    return out
+
+
 def run(snap: Snapshot) -> list[Finding]:
     hooks = snap.pod_webhooks()
     if not hooks:
@@ -95,6 +111,7 @@ def run(snap: Snapshot) -> list[Finding]:
         for conf, hook, _ in hooks
     ]
     evidence += capacity_evidence(snap, marker)
+    evidence += extender_evidence(snap)
     driver = marker.split("/")[0]
     csidriver = snap.get("csidrivers", driver)
     sct = [f"kubectl delete mutatingwebhookconfiguration {' '.join(confs)}"]
