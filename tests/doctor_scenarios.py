@@ -8,6 +8,10 @@ import base64
 import datetime
 from typing import Any
 
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
 from topolvm.controller.webhookcerts import new_bundle, new_ca
 from topolvm.doctor.snapshot import Snapshot
 
@@ -269,3 +273,24 @@ def metrics(node_name: str, dc: str, data: float, meta: float) -> tuple[str, Obj
             "pools": [pool],
         },
     )
+
+
+def intermediate(root_crt: bytes, root_key: bytes) -> tuple[bytes, bytes]:
+    """An intermediate CA signed by the root (PEM certificate and key)."""
+    root = x509.load_pem_x509_certificate(root_crt)
+    signer = serialization.load_pem_private_key(root_key, password=None)
+    assert isinstance(signer, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(x509.oid.NameOID.COMMON_NAME, "intermediate")])
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(root.subject)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(NOW - datetime.timedelta(days=1))
+        .not_valid_after(NOW + datetime.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(signer, hashes.SHA256())
+    )  # fmt: skip
+    pem = serialization.Encoding.PEM
+    key_pem = key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())  # fmt: skip
+    return cert.public_bytes(pem), key_pem

@@ -9,12 +9,17 @@ import pkgutil
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 
 from tests import doctor_scenarios as s
+from topolvm.controller.webhookcerts import new_ca, new_serving_cert
 from topolvm.doctor import checks
 from topolvm.doctor.checks import all_checks
+from topolvm.doctor.checks.webhook_unserved import verifies
 from topolvm.doctor.collect import metrics_port, thin_pools
 from topolvm.doctor.model import Finding, Severity
+from topolvm.doctor.run import diagnose
+from topolvm.doctor.scope import Scope
 from topolvm.doctor.snapshot import Snapshot
 
 GiB = 1 << 30
@@ -56,7 +61,7 @@ def test_marker_without_extender_names_the_seed_and_both_fixes() -> None:
     assert (
         f.cause == "pod webhook adds topolvm.io/capacity but kube-scheduler has no extender for it"
     )
-    assert f.severity == Severity.ERROR and f.title.startswith("3 pod(s) Pending")
+    assert f.severity == Severity.ERROR and f.title.startswith("3 pod(s) in vault Pending")
     assert "pod vault/vault-0: FailedScheduling (x3): " + INSUFFICIENT in f.evidence
     assert "node worker-1 has free space: ssd 240 GiB" in f.evidence
     assert "no Node advertises topolvm.io/capacity in status.allocatable" in f.evidence
@@ -266,3 +271,100 @@ def test_topolvm_node_metrics_are_parsed_for_thin_pools_and_the_port_found() -> 
 @pytest.mark.parametrize("check", [c.id for c in all_checks()])
 def test_an_empty_cluster_is_healthy_for_every_check(check: str) -> None:
     assert run(check, s.snapshot()) == []
+
+
+def test_a_failed_resize_is_a_warning_and_never_suggests_deleting_the_volume() -> None:
+    resized = s.lv("in-use", "w1", code=8)
+    resized[1]["status"].update(volumeID="vol-1", currentSize="10Gi")
+    [f] = run("logicalvolume", s.snapshot(*s.node("w1"), resized))
+    assert f.severity == Severity.WARNING and f.title.endswith("resize failed (8)")
+    assert f.fixes[0].commands == () and "Do not delete" in f.fixes[0].summary
+
+
+def test_finalizers_are_dropped_only_for_volumes_whose_node_is_gone() -> None:
+    snap = s.snapshot(*s.node("w1"), s.lv("a", "w1", deleting=s.OLD),
+                      s.lv("b", "gone", deleting=s.OLD))  # fmt: skip
+    on_live, on_gone = run("logicalvolume", snap)
+    assert not any("finalizers" in c for c in on_live.fixes[0].commands)
+    assert any("finalizers" in c for c in on_gone.fixes[0].commands)
+
+
+def test_pods_no_controller_owns_are_not_in_the_delete_command() -> None:
+    snap = seed()
+    snap["pods"][2]["metadata"].pop("ownerReferences")
+    [f] = run("marker-without-extender", snap)
+    assert "kubectl delete pod -n vault vault-0 vault-1" in f.fixes[0].commands
+    assert "no controller owns pod vault/vault-2" in f.fixes[0].summary
+
+
+def test_marked_pods_get_one_finding_per_namespace() -> None:
+    snap = seed()
+    other = s.pod("web-0", "shop", marker=True, message=INSUFFICIENT)
+    snap.objects["pods"].append(other[1])
+    found = run("marker-without-extender", snap)
+    assert [f.title.split(" Pending")[0] for f in found] == ["1 pod(s) in shop",
+                                                              "3 pod(s) in vault"]  # fmt: skip
+
+
+def test_a_certificate_from_an_intermediate_ca_verifies() -> None:
+    root_crt, root_key = new_ca(s.NOW)
+    mid_crt, mid_key = s.intermediate(root_crt, root_key)
+    leaf, _ = new_serving_cert(mid_crt, mid_key, ["x.ns.svc"], now=s.NOW)
+    load = x509.load_pem_x509_certificates
+    assert verifies(load(root_crt), [*load(leaf), *load(mid_crt)])
+    assert not verifies(load(root_crt), load(leaf))  # without the intermediate
+    assert not verifies(load(s.other_ca()), [*load(leaf), *load(mid_crt)])
+
+
+def test_unreadable_secrets_leave_only_the_ca_comparison_undecided() -> None:
+    snap = s.snapshot(s.hook(ca=s.other_ca()))  # no Service: still reported
+    snap.unreadable["secrets"] = "403 Forbidden"
+    [f] = run("webhook-unserved", snap)
+    assert f.severity == Severity.ERROR and "does not exist" in f.evidence[1]
+    snap = s.snapshot(s.hook(ca=s.other_ca()), *s.endpoints())
+    snap.unreadable["secrets"] = "403 Forbidden"
+    [f] = run("webhook-unserved", snap)
+    assert f.severity == Severity.UNDECIDED and f.cause == "cannot read secrets: 403 Forbidden"
+
+
+def test_new_nodes_get_time_before_a_missing_capacity_object_counts() -> None:
+    fresh = s.node("w9", 100 * GiB)
+    fresh[0][1]["metadata"]["creationTimestamp"] = "2026-11-24T11:59:30Z"
+    assert run("capacity-objects", s.snapshot(*fresh, s.sc(), s.csidriver())) == []
+
+
+def test_a_capacity_object_is_not_stale_while_the_annotation_just_changed() -> None:
+    node = s.node("w1", 100 * GiB)
+    node[0][1]["metadata"]["managedFields"] = [{
+        "manager": "topolvm", "time": "2026-11-24T11:59:50Z",
+        "fieldsV1": {"f:metadata": {"f:annotations": {"f:capacity.topolvm.io/ssd": {}}}},
+    }]  # fmt: skip
+    old = s.capacity("topolvm-provisioner", "w1", GiB)
+    assert run("capacity-objects", s.snapshot(*node, s.sc(), s.csidriver(), old)) == []
+
+
+def test_the_running_topolvm_node_pod_wins_during_a_rollout() -> None:
+    old = s.pod("topolvm-node-old", "t", node_name="w1", container="topolvm-node",
+                phase="Running", ready=True)  # fmt: skip
+    new = s.pod("topolvm-node-new", "t", node_name="w1", container="topolvm-node")
+    assert run("node-capacity", s.snapshot(*s.node("w1"), old, new)) == []
+
+
+def test_null_fields_do_not_break_checks() -> None:
+    claim = s.pvc("big", annotations={"volume.kubernetes.io/selected-node": "w1"})
+    claim[1]["spec"]["resources"]["requests"] = None
+    lv = s.lv("x", "w1")
+    lv[1]["status"]["code"] = None
+    failed = s.event("PersistentVolumeClaim", "big", "ProvisioningFailed", "boom")
+    snap = s.snapshot(*s.node("w1"), s.sc(), s.csidriver(), claim, lv, failed)
+    snap["pvcs"][0]["metadata"]["annotations"] = None
+    report = diagnose(snap, Scope("app", pvc="big"))
+    assert "pvc-provisioning" in [f.check for f in report.findings]
+    assert [f.cause for f in report.findings if f.severity == Severity.UNDECIDED] == []
+
+
+def test_events_of_an_earlier_pod_of_the_same_name_are_not_evidence() -> None:
+    snap = seed(message="")
+    snap["pods"][0]["metadata"]["uid"] = "new-uid"
+    snap["events"][0]["involvedObject"]["uid"] = "old-uid"
+    assert run("marker-without-extender", snap) == []

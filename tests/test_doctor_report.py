@@ -39,15 +39,18 @@ def mixed() -> Snapshot:
 def test_exit_code_is_0_healthy_1_findings_2_could_not_check() -> None:
     assert diagnose(s.snapshot(), Scope()).exit_code == 0
     assert diagnose(seed(), Scope()).exit_code == 1
-    blind = s.snapshot()
-    blind.unreadable["pods"] = "403 Forbidden: pods is forbidden"
-    report = diagnose(blind, Scope())
-    assert report.exit_code == 2
+    partly = s.snapshot()
+    partly.unreadable["pods"] = "403 Forbidden: pods is forbidden"
+    report = diagnose(partly, Scope())
     undecided = {f.check: f.cause for f in report.findings}
     assert (
         undecided["marker-without-extender"] == "cannot read pods: 403 Forbidden: pods is forbidden"
     )
     assert "csidriver" not in undecided  # it does not read pods
+    assert report.exit_code == 0  # what could be checked is healthy; the rest is listed
+    blind = s.snapshot()
+    blind.unreadable.update({k: "403 Forbidden" for k in blind.objects})
+    assert diagnose(blind, Scope()).exit_code == 2
 
 
 def test_a_check_that_fails_is_reported_and_the_others_still_run() -> None:
@@ -116,3 +119,17 @@ def test_an_unreachable_api_server_or_bad_kubeconfig_exits_2(tmp_path: Path) -> 
     assert res.returncode == 2 and "cannot load Kubernetes client configuration" in res.stderr
     res = cli("--stale-after=soon")
     assert res.returncode == 2 and "not a duration: 'soon'" in res.stderr
+
+
+def test_a_namespace_scope_leaves_out_other_namespaces_on_the_same_node() -> None:
+    claim = s.pvc("other", ns="shop", annotations={"volume.kubernetes.io/selected-node": "w1"})
+    snap = s.snapshot(
+        *s.node("w1"), s.sc(), s.csidriver(), s.capacity("topolvm-provisioner", "w1", 240 << 30),
+        s.pod("db-0", "vault", node_name="w1", phase="Running"), claim,
+        s.event("PersistentVolumeClaim", "other", "ProvisioningFailed", "ResourceExhausted",
+                ns="shop"),
+    )  # fmt: skip
+    assert [f.check for f in diagnose(snap, Scope()).findings] == ["pvc-provisioning"]
+    assert diagnose(snap, Scope("vault")).findings == []
+    with pytest.raises(ScopeError, match="namespace typo has no pods and no PVCs"):
+        diagnose(snap, Scope("typo"))

@@ -2,7 +2,8 @@
 kubeconfig, read-only, and report what is wrong, why, and how to fix it.
 
 Exit codes: 0 healthy, 1 findings, 2 could not check (unreachable API server, bad kubeconfig,
-a pod or PVC that does not exist, or every relevant kind unreadable)."""
+a pod, PVC or namespace not found, or no check could read what it needs). Checks that
+could not read part of it are listed under "could not check" without changing the code."""
 
 from __future__ import annotations
 

@@ -4,6 +4,8 @@ objects (generic resources: no model parsing, so 5000 PVCs read in well under a 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
 import logging
 import ssl
@@ -105,17 +107,27 @@ async def collect(client: AsyncClient) -> Snapshot:
             *(read(kind, _list(client, _resource(kind))) for kind in KINDS),
             read("events", events()),
         )
-        await read("secrets", _webhook_secrets(client, snap))
+        if snap.unreadable.get("nodes", "").startswith("401"):
+            raise DoctorError(f"the API server refused the credentials: {snap.unreadable['nodes']}")
+        # What is read through another kind cannot be read without it.
+        if not _depends(snap, "secrets", "webhooks"):
+            await read("secrets", _webhook_secrets(client, snap))
+        snap.objects["served-certificates"] = await _served_certificates(snap)
+        async with api.proxy_client(client) as http:
+            if not _depends(snap, "node-metrics", "pods"):
+                await read("node-metrics", _node_metrics(http, snap))
+            snap.objects["scheduler-status"] = await _scheduler_status(http, snap)
     except httpx2.TransportError as e:
         raise DoctorError(api.describe(e)) from e
-    if len(snap.unreadable) == len(KINDS) + 2 and all(
-        "401" in why for why in snap.unreadable.values()
-    ):
-        raise DoctorError(f"the API server refused the credentials: {snap.unreadable['nodes']}")
-    snap.objects["served-certificates"] = await _served_certificates(snap)
-    await read("node-metrics", _node_metrics(client, snap))
-    snap.objects["scheduler-status"] = await _scheduler_status(client, snap)
     return snap
+
+
+def _depends(snap: Snapshot, kind: str, on: str) -> bool:
+    """Marks ``kind`` unreadable when ``on`` is; True then."""
+    if on in snap.unreadable:
+        snap.unreadable[kind] = f"needs {on}: {snap.unreadable[on]}"
+        return True
+    return False
 
 
 def metrics_port(pod: Obj) -> int:
@@ -147,7 +159,7 @@ def thin_pools(text: str) -> list[Obj]:
     return list(pools.values())
 
 
-async def _node_metrics(client: AsyncClient, snap: Snapshot) -> list[Obj]:
+async def _node_metrics(http: httpx2.AsyncClient, snap: Snapshot) -> list[Obj]:
     """Thin pool usage of every running topolvm-node pod, read from its /metrics through the
     API server's pod proxy (RBAC: ``get pods/proxy``). A 403 makes the kind unreadable; a pod
     that does not answer is recorded with the error."""
@@ -164,9 +176,11 @@ async def _node_metrics(client: AsyncClient, snap: Snapshot) -> list[Obj]:
         out: Obj = {"metadata": {"name": node}, "pod": f"{ns_of(pod)}/{name_of(pod)}"}
         async with gate:
             try:
-                text = await api.pod_proxy_get(
-                    client, ns_of(pod), name_of(pod), metrics_port(pod), "metrics"
-                )
+                port = metrics_port(pod)
+                if port == 0:
+                    out["error"] = "metrics are off (--metrics-bind-address with port 0)"
+                    return out
+                text = await api.pod_proxy_get(http, ns_of(pod), name_of(pod), port, "metrics")
             except api.ProxyError as e:
                 if e.code in (401, 403):
                     raise  # no right to read any node's metrics: the kind is unreadable
@@ -178,7 +192,7 @@ async def _node_metrics(client: AsyncClient, snap: Snapshot) -> list[Obj]:
     return list(await asyncio.gather(*(fetch(p) for p in pods)))
 
 
-async def _scheduler_status(client: AsyncClient, snap: Snapshot) -> list[Obj]:
+async def _scheduler_status(http: httpx2.AsyncClient, snap: Snapshot) -> list[Obj]:
     """``/status`` of running topolvm-scheduler pods (ours says whether kube-scheduler calls
     it), through the pod proxy: evidence only, so any failure is kept as the entry's error."""
     out = []
@@ -193,7 +207,7 @@ async def _scheduler_status(client: AsyncClient, snap: Snapshot) -> list[Obj]:
         entry: Obj = {"metadata": {"name": name_of(pod), "namespace": ns_of(pod)}}
         try:
             entry["status"] = json.loads(
-                await api.pod_proxy_get(client, ns_of(pod), name_of(pod), port, "status")
+                await api.pod_proxy_get(http, ns_of(pod), name_of(pod), port, "status")
             )
         except (api.ProxyError, ValueError) as e:
             entry["error"] = str(e)
@@ -218,30 +232,48 @@ async def _webhook_secrets(client: AsyncClient, snap: Snapshot) -> list[Obj]:
 
 
 async def _served_certificates(snap: Snapshot) -> list[Obj]:
-    """For webhooks called by URL: the certificate the URL serves (DER, hex), fetched by a
-    TLS handshake; unreachable URLs are left out (the doctor may run outside the cluster)."""
+    """For webhooks called by URL: whether the certificate chain the URL serves verifies with
+    the hook's caBundle (a TLS handshake, as the API server makes it), and the leaf (DER, hex).
+    Unreachable URLs are left out: the doctor may run outside the cluster."""
     out = []
     for _, hook, _ in snap.pod_webhooks():
-        url = str((hook.get("clientConfig") or {}).get("url") or "")
+        config = hook.get("clientConfig") or {}
+        url = str(config.get("url") or "")
         if not url.startswith("https://"):
             continue
         parts = urlsplit(url)
-        der = await _peer_certificate(parts.hostname or "", parts.port or 443)
-        if der is not None:
-            out.append({"metadata": {"name": url}, "der": der.hex()})
+        host, port = parts.hostname or "", parts.port or 443
+        der = await _handshake(host, port, None)
+        if der is None:
+            continue
+        try:
+            cadata = base64.b64decode(str(config.get("caBundle") or "")).decode()
+        except (ValueError, binascii.Error):
+            cadata = ""
+        trusted = bool(cadata) and await _handshake(host, port, cadata) is not None
+        out.append({"metadata": {"name": url}, "der": der.hex(), "trusted": trusted})
     return out
 
 
-async def _peer_certificate(host: str, port: int) -> bytes | None:
-    ctx = ssl.create_default_context()
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE  # only to read the certificate; nothing is sent
+async def _handshake(host: str, port: int, cadata: str | None) -> bytes | None:
+    """The served leaf certificate; with ``cadata``, None unless the chain verifies with it
+    (host names are not checked: the question is the CA)."""
+    if cadata is None:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE  # only to read the certificate; nothing is sent
+    else:
+        try:
+            ctx = ssl.create_default_context(cadata=cadata)
+        except ssl.SSLError:
+            return None
+        ctx.check_hostname = False
     try:
         _, writer = await asyncio.wait_for(
             asyncio.open_connection(host, port, ssl=ctx), TLS_TIMEOUT
         )
-    except (TimeoutError, OSError) as e:
-        log.debug("cannot reach webhook %s:%s: %s", host, port, e)
+    except (OSError, TimeoutError) as e:  # ssl.SSLError is an OSError
+        log.debug("TLS handshake with webhook %s:%s: %s", host, port, e)
         return None
     try:
         obj = writer.get_extra_info("ssl_object")

@@ -66,6 +66,10 @@ class Finding:
     fixes: tuple[Fix, ...]
     """Alternatives: any one of them fixes it."""
     subjects: tuple[Ref, ...]
+    """The objects the finding is about: a scope keeps it when one of them is in scope."""
+    context: tuple[Ref, ...] = ()
+    """Objects it involves (the node of a PVC, the webhook configuration of marked pods),
+    shown in ``objects`` but not used to match a scope."""
     cluster_wide: bool = False
     """A configuration problem that concerns every scope (CSIDriver, webhook, mixtures)."""
     order: int = field(default=0, compare=False)
@@ -78,7 +82,7 @@ class Finding:
             "cause": self.cause,
             "evidence": list(self.evidence),
             "fixes": [f.to_json() for f in self.fixes],
-            "objects": [s.to_json() for s in self.subjects],
+            "objects": [s.to_json() for s in (*self.subjects, *self.context)],
         }
 
 

@@ -21,12 +21,17 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     checks: list[str] = field(default_factory=list)
 
+    undecided_checks: set[str] = field(default_factory=set)
+
     @property
     def exit_code(self) -> int:
-        """0 healthy, 1 findings, 2 could not check (only undecided checks)."""
+        """1 when something is wrong; otherwise 2 when no check could decide anything, else 0
+        (checks that could not read part of what they need are listed, not fatal)."""
         if any(f.severity != Severity.UNDECIDED for f in self.findings):
             return 1
-        return 2 if self.findings else 0
+        if self.checks and self.undecided_checks >= set(self.checks):
+            return 2
+        return 0
 
 
 def undecided(check: Check, why: str) -> Finding:
@@ -45,12 +50,14 @@ def diagnose(snap: Snapshot, scope: Scope, checks: list[Check] | None = None) ->
         if missing:
             why = "; ".join(f"cannot read {k}: {snap.unreadable[k]}" for k in missing)
             report.findings.append(undecided(check, why))
+            report.undecided_checks.add(check.id)
             continue
         try:
             found = check.run(snap)
         except Exception as e:  # a bug in one check must not hide the others
             log.exception("check %s failed", check.id)
             report.findings.append(undecided(check, f"the check failed: {type(e).__name__}: {e}"))
+            report.undecided_checks.add(check.id)
             continue
         report.findings += [_ordered(f, check.order) for f in found if scope.keep(f, related)]
     report.findings.sort(key=lambda f: (f.severity, f.order))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from topolvm.doctor.model import Finding, Ref
-from topolvm.doctor.snapshot import Obj, Snapshot, claims_of, name_of, ns_of
+from topolvm.doctor.snapshot import Obj, Snapshot, annotations_of, claims_of, name_of, ns_of
 
 
 class ScopeError(Exception):
@@ -50,6 +50,8 @@ class Scope:
         else:
             pods = [p for p in snap["pods"] if ns_of(p) == self.namespace]
             pvcs = [c for c in snap["pvcs"] if ns_of(c) == self.namespace]
+            if not pods and not pvcs and "pods" not in snap.unreadable:
+                raise ScopeError(f"namespace {self.namespace} has no pods and no PVCs")
         for pod in pods:
             refs.add(Ref("Pod", name_of(pod), ns_of(pod)))
             if node := (pod.get("spec") or {}).get("nodeName"):
@@ -62,11 +64,7 @@ class Scope:
             spec = pvc.get("spec") or {}
             if sc := spec.get("storageClassName"):
                 refs.add(Ref("StorageClass", str(sc)))
-            if (
-                node := (pvc.get("metadata") or {})
-                .get("annotations", {})
-                .get("volume.kubernetes.io/selected-node")
-            ):
+            if node := annotations_of(pvc).get("volume.kubernetes.io/selected-node"):
                 refs.add(Ref("Node", str(node)))
             pv = (
                 snap.get("pvs", str(spec.get("volumeName", ""))) if spec.get("volumeName") else None

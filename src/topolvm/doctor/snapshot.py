@@ -37,6 +37,10 @@ def annotations_of(obj: Obj) -> dict[str, str]:
     return dict(meta(obj).get("annotations") or {})
 
 
+def uid_of(obj: Obj) -> str:
+    return str(meta(obj).get("uid") or "")
+
+
 def parse_time(value: str | None) -> datetime.datetime | None:
     if not value:
         return None
@@ -183,10 +187,17 @@ class Snapshot:
             items.sort(key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
         return out
 
-    def events(self, kind: str, namespace: str, name: str, reason: str = "") -> list[Obj]:
-        """Events about the object, oldest first (only the reasons collect.py reads)."""
+    def events(
+        self, kind: str, namespace: str, name: str, reason: str = "", uid: str = ""
+    ) -> list[Obj]:
+        """Events about the object, oldest first (only the reasons collect.py reads); with
+        ``uid``, not those of an earlier object of the same name (a recreated pod)."""
         items = self._events.get((kind, namespace, name), [])
-        return [e for e in items if not reason or e.get("reason") == reason]
+        return [
+            e for e in items
+            if (not reason or e.get("reason") == reason)
+            and (not uid or (e.get("involvedObject") or {}).get("uid", uid) == uid)
+        ]  # fmt: skip
 
     def storage_class_of(self, pvc: Obj) -> Obj | None:
         sc = (pvc.get("spec") or {}).get("storageClassName")
@@ -213,13 +224,16 @@ class Snapshot:
                     out.append((conf, hook, n))
         return out
 
-    def logs_command(self, container: str) -> str:
-        """``kubectl logs`` for the (first) pod running ``container``, e.g. csi-provisioner;
+    def logs_command(self, container: str, node: str = "") -> str:
+        """``kubectl logs`` for the (first) pod running ``container`` (on ``node``, if given);
         placeholders when no such pod is visible (TopoLVM runs elsewhere)."""
         for p in self["pods"]:
-            names = [c.get("name") for c in (p.get("spec") or {}).get("containers") or []]
-            if container in names:
+            spec = p.get("spec") or {}
+            names = [c.get("name") for c in spec.get("containers") or []]
+            if container in names and (not node or spec.get("nodeName") == node):
                 return f"kubectl logs -n {ns_of(p)} {name_of(p)} -c {container}"
+        if node:
+            return f"kubectl get pods -A -o wide --field-selector spec.nodeName={node}"
         return f"kubectl logs -n <namespace> deploy/<release>-controller -c {container}"
 
     def topolvm_node_pod(self, node: str) -> Obj | None:
@@ -227,12 +241,20 @@ class Snapshot:
 
     @cached_property
     def _node_pods(self) -> dict[str, Obj]:
-        out = {}
+        """The topolvm-node pod of each node; during a rollout, the running one."""
+
+        def rank(p: Obj) -> tuple[bool, bool]:
+            running = (p.get("status") or {}).get("phase") == "Running"
+            return (running, not meta(p).get("deletionTimestamp"))
+
+        out: dict[str, Obj] = {}
         for p in self["pods"]:
             spec = p.get("spec") or {}
             names = {c.get("name") for c in spec.get("containers") or []}
-            if TOPOLVM_NODE_CONTAINER in names and spec.get("nodeName"):
-                out[str(spec["nodeName"])] = p
+            node = str(spec.get("nodeName") or "")
+            if (TOPOLVM_NODE_CONTAINER in names and node
+                    and (node not in out or rank(p) > rank(out[node]))):  # fmt: skip
+                out[node] = p
         return out
 
     def csi_nodes_with(self, driver: str) -> set[str]:

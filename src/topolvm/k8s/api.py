@@ -109,18 +109,29 @@ class ProxyError(KubeError):
         self.code = code
 
 
-async def pod_proxy_get(
-    client: AsyncClient, namespace: str, pod: str, port: int, path: str, timeout: float = 5.0
-) -> str:
-    """GET ``path`` on a pod's ``port`` through the API server (``pods/proxy``), with the
-    client's credentials: how ``kubectl get --raw`` reads a pod's /metrics."""
+def proxy_client(client: AsyncClient, timeout: float = 5.0) -> httpx2.AsyncClient:
+    """An HTTP client with ``client``'s server and credentials, for API paths lightkube has no
+    resource for (``pods/proxy``); share one per run, so credential plugins run once. Use it
+    as an async context manager."""
     params = client_adapter.ConnectionParams(timeout=httpx2.Timeout(timeout))
+    try:
+        return client_adapter.AsyncClient(client.config, params)
+    except Exception as e:  # lightkube's ConfigError and credential plugin failures
+        raise KubeError(f"cannot set up the Kubernetes client: {e}") from e
+
+
+async def pod_proxy_get(
+    http: httpx2.AsyncClient, namespace: str, pod: str, port: int, path: str
+) -> str:
+    """GET ``path`` on a pod's ``port`` through the API server (``pods/proxy``), as
+    ``kubectl get --raw`` reads a pod's /metrics; ``http`` from :func:`proxy_client`."""
     url = f"/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy/{path.lstrip('/')}"
-    async with client_adapter.AsyncClient(client.config, params) as http:
-        try:
-            response = await http.get(url)
-        except httpx2.HTTPError as e:
-            raise ProxyError(f"GET {url}: {type(e).__name__}: {e}") from e
+    try:
+        response = await http.get(url)
+    except httpx2.HTTPError as e:
+        raise ProxyError(f"GET {url}: {type(e).__name__}: {e}") from e
+    except Exception as e:  # a credential plugin failing on first use
+        raise ProxyError(f"GET {url}: {e}") from e
     if response.status_code != 200:
         raise ProxyError(
             f"GET {url}: {response.status_code} {response.text[:200].strip()}",

@@ -5,6 +5,7 @@ kube-scheduler reject the node ("did not have enough free storage"); stale ones 
 
 from __future__ import annotations
 
+from topolvm.capacity_annotations import class_key
 from topolvm.doctor.model import Check, Finding, Fix, Ref, Severity
 from topolvm.doctor.snapshot import (
     Obj,
@@ -12,6 +13,7 @@ from topolvm.doctor.snapshot import (
     human_age,
     human_bytes,
     last_write,
+    meta,
     name_of,
     ns_of,
     quantity_bytes,
@@ -19,6 +21,24 @@ from topolvm.doctor.snapshot import (
 
 ID = "capacity-objects"
 GiB = 1 << 30
+
+
+def settled(snap: Snapshot, obj: Obj) -> bool:
+    """Older than --stale-after (or of unknown age)."""
+    age = snap.age(meta(obj).get("creationTimestamp"))
+    return age is None or age >= snap.settings.stale_after
+
+
+def annotation_written(node: Obj, key: str) -> str:
+    """When the annotation ``key`` was last written (its managedFields entry), or ""."""
+    times = [
+        str(m.get("time"))
+        for m in meta(node).get("managedFields") or []
+        if m.get("time")
+        and f"f:{key}" in (((m.get("fieldsV1") or {}).get("f:metadata") or {})
+                           .get("f:annotations") or {})
+    ]  # fmt: skip
+    return max(times, default="")
 
 
 def run(snap: Snapshot) -> list[Finding]:
@@ -39,20 +59,28 @@ def run(snap: Snapshot) -> list[Finding]:
         nodes = snap.csi_nodes_with(names.plugin)
         missing: list[str] = []
         stale: list[str] = []
+        key = names.capacity_prefix + class_key(dc)
         for node in snap["nodes"]:
             free = snap.node_free(node, names, dc)
             if free is None or name_of(node) not in nodes:
                 continue
             found = published.get((name_of(sc), name_of(node)))
             if found is None:
-                missing.append(name_of(node))
+                # csi-provisioner publishes within its poll interval: new nodes and classes
+                # get --stale-after before they count as missing.
+                if settled(snap, sc) and settled(snap, node):
+                    missing.append(name_of(node))
                 continue
-            value = quantity_bytes(found.get("capacity", "0"))
+            if "capacity" not in found:
+                continue
+            value = quantity_bytes(found["capacity"])
             age = snap.age(last_write(found))
+            changed = snap.age(annotation_written(node, key))
             if (
                 value is not None
                 and abs(value - free) > max(GiB, free // 10)
                 and (age is None or age >= snap.settings.stale_after)
+                and (changed is None or changed >= snap.settings.stale_after)
             ):
                 stale.append(
                     f"CSIStorageCapacity {ns_of(found)}/{name_of(found)} says {human_bytes(value)} "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from topolvm.doctor.checks.storageclass import recreate
 from topolvm.doctor.model import Check, Finding, Fix, Ref, Severity
 from topolvm.doctor.snapshot import Snapshot, event_line, name_of, ns_of
 
@@ -50,10 +51,9 @@ def run(snap: Snapshot) -> list[Finding]:
                 "happens",
                 (f"CSIDriver {d}: spec.attachRequired is "
                  f"{json.dumps(spec.get('attachRequired', True))}",),
-                (Fix("The field is immutable: delete and re-create the CSIDriver with "
-                     "attachRequired: false (running pods keep their mounts).",
-                     (f"kubectl get csidriver {d} -o yaml > csidriver.yaml",
-                      f"kubectl delete csidriver {d}")),),
+                (Fix("The field is immutable: re-create the CSIDriver with attachRequired: "
+                     "false (running pods keep their mounts; the chart renders it so).",
+                     recreate("csidriver", d, "spec.attachRequired: false")),),
                 subject, cluster_wide=True,
             ))  # fmt: skip
         if not spec.get("storageCapacity") and d not in marker_mode:

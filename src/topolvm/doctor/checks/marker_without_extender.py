@@ -4,6 +4,7 @@ rejects every node with ``Insufficient topolvm.io/capacity`` while the disks hav
 
 from __future__ import annotations
 
+from topolvm.constants import Names
 from topolvm.doctor.model import Check, Finding, Fix, Ref, Severity
 from topolvm.doctor.snapshot import (
     Obj,
@@ -16,6 +17,7 @@ from topolvm.doctor.snapshot import (
     owner,
     pod_label,
     scheduling_message,
+    uid_of,
     unscheduled,
 )
 
@@ -27,7 +29,7 @@ def stranded(snap: Snapshot, pod: Obj, marker: str) -> list[str]:
     insufficient = f"Insufficient {marker}"
     out = [
         f"{pod_label(pod)}: {event_line(e)}"
-        for e in snap.events("Pod", ns_of(pod), name_of(pod), "FailedScheduling")
+        for e in snap.events("Pod", ns_of(pod), name_of(pod), "FailedScheduling", uid_of(pod))
         if insufficient in str(e.get("message", ""))
     ][-1:]
     if not out and insufficient in scheduling_message(pod):
@@ -35,7 +37,18 @@ def stranded(snap: Snapshot, pod: Obj, marker: str) -> list[str]:
     return out
 
 
+def by_namespace(pods: list[Obj]) -> list[list[Obj]]:
+    """The pods grouped by namespace: one finding each, so a scope shows only its own."""
+    groups: dict[str, list[Obj]] = {}
+    for p in pods:
+        groups.setdefault(ns_of(p), []).append(p)
+    return [groups[ns] for ns in sorted(groups)]
+
+
 def delete_pods_command(pods: list[Obj]) -> tuple[str, ...]:
+    """``kubectl delete pod`` for the pods a controller recreates; never for bare pods, which
+    deleting would lose (and whose stored spec carries the marker anyway)."""
+    pods = [p for p in pods if owner(p) is not None]
     by_ns: dict[str, list[str]] = {}
     for p in pods:
         by_ns.setdefault(ns_of(p), []).append(name_of(p))
@@ -46,7 +59,10 @@ def recreate_note(pods: list[Obj]) -> str:
     bare = [pod_label(p) for p in pods if owner(p) is None]
     if not bare:
         return "their controllers recreate them without the marker"
-    return f"recreate {', '.join(bare)} from their manifests afterwards (no controller owns them)"
+    return (
+        f"no controller owns {', '.join(bare)}: delete and re-create them from your own "
+        "manifests (their stored spec carries the marker)"
+    )
 
 
 def capacity_evidence(snap: Snapshot, marker: str) -> list[str]:
@@ -96,15 +112,16 @@ def run(snap: Snapshot) -> list[Finding]:
     hooks = snap.pod_webhooks()
     if not hooks:
         return []  # marker-left-on-pods covers pods marked by a webhook that is gone
-    pods, evidence = [], []
-    for pod in snap["pods"]:
-        marker = marker_of(pod)
-        if marker and unscheduled(pod) and (lines := stranded(snap, pod, marker)):
-            pods.append(pod)
-            evidence += lines
-    if not pods:
-        return []
+    stuck = [
+        p for p in snap["pods"]
+        if (m := marker_of(p)) and unscheduled(p) and stranded(snap, p, m)
+    ]  # fmt: skip
+    return [_finding(snap, hooks, pods) for pods in by_namespace(stuck)]
+
+
+def _finding(snap: Snapshot, hooks: list[tuple[Obj, Obj, Names]], pods: list[Obj]) -> Finding:
     marker = marker_of(pods[0]) or ""
+    evidence = [line for p in pods for line in stranded(snap, p, marker)]
     confs = sorted({name_of(conf) for conf, _, _ in hooks})
     evidence += [
         f"MutatingWebhookConfiguration {name_of(conf)}: webhook {hook.get('name')} mutates pods"
@@ -136,18 +153,17 @@ def run(snap: Snapshot) -> list[Finding]:
             ("topolvm scheduler print-config --managed-resource",),
         ),
     )
-    return [
-        Finding(
-            check=ID,
-            severity=Severity.ERROR,
-            title=f"{len(pods)} pod(s) Pending: kube-scheduler wants {marker}, which no node has",
-            cause=f"pod webhook adds {marker} but kube-scheduler has no extender for it",
-            evidence=tuple(evidence),
-            fixes=fixes,
-            subjects=tuple(Ref("Pod", name_of(p), ns_of(p)) for p in pods)
-            + tuple(Ref("MutatingWebhookConfiguration", c) for c in confs),
-        )
-    ]
+    return Finding(
+        check=ID,
+        severity=Severity.ERROR,
+        title=f"{len(pods)} pod(s) in {ns_of(pods[0])} Pending: kube-scheduler wants {marker}, "
+        "which no node has",
+        cause=f"pod webhook adds {marker} but kube-scheduler has no extender for it",
+        evidence=tuple(evidence),
+        fixes=fixes,
+        subjects=tuple(Ref("Pod", name_of(p), ns_of(p)) for p in pods),
+        context=tuple(Ref("MutatingWebhookConfiguration", c) for c in confs),
+    )
 
 
 CHECK = Check(

@@ -16,6 +16,7 @@ from topolvm.doctor.snapshot import (
     name_of,
     ns_of,
     quantity_bytes,
+    uid_of,
 )
 
 ID = "pvc-provisioning"
@@ -36,7 +37,7 @@ def run(snap: Snapshot) -> list[Finding]:
         if sc is None or names is None:
             continue
         failed = snap.events(
-            "PersistentVolumeClaim", ns_of(pvc), name_of(pvc), "ProvisioningFailed"
+            "PersistentVolumeClaim", ns_of(pvc), name_of(pvc), "ProvisioningFailed", uid_of(pvc)
         )
         if not failed:
             continue
@@ -45,9 +46,8 @@ def run(snap: Snapshot) -> list[Finding]:
         in_message = NODE_IN_MESSAGE.search(message)
         node = annotations_of(pvc).get(SELECTED_NODE) or (in_message and in_message[1]) or ""
         dc = str((sc.get("parameters") or {}).get(names.device_class_param, ""))
-        want = quantity_bytes(
-            ((pvc.get("spec") or {}).get("resources") or {}).get("requests", {}).get("storage", "0")
-        )
+        requests = ((pvc.get("spec") or {}).get("resources") or {}).get("requests") or {}
+        want = quantity_bytes(requests.get("storage", "0"))
         evidence = [f"PVC {ns_of(pvc)}/{name_of(pvc)}: {event_line(last)}"]
         node_obj = snap.get("nodes", node) if node else None
         if node_obj is not None:
@@ -89,7 +89,8 @@ def run(snap: Snapshot) -> list[Finding]:
                 cause,
                 tuple(evidence),
                 (fix,),
-                subject + _node_ref(node_obj),
+                subject,
+                context=_node_ref(node_obj),
             )
         )
     return findings

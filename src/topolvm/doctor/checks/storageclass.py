@@ -9,6 +9,7 @@ from topolvm.doctor.model import Check, Finding, Fix, Ref, Severity
 from topolvm.doctor.snapshot import BOTH, Obj, Snapshot, annotations_of, name_of
 
 ID = "storageclass"
+WFFC = "WaitForFirstConsumer"
 
 
 def run(snap: Snapshot) -> list[Finding]:
@@ -27,15 +28,15 @@ def run(snap: Snapshot) -> list[Finding]:
                                     tuple(evidence), (fix,), subject))  # fmt: skip
 
         if sc.get("volumeBindingMode", "Immediate") != "WaitForFirstConsumer":
-            add(Severity.ERROR, "volumeBindingMode is Immediate",
+            add(Severity.WARNING, "volumeBindingMode is Immediate",
                 "the volume is created before the pod is scheduled, on a node chosen without "
                 "the pod, which then cannot run anywhere else",
                 [f"StorageClass {sc_name}: volumeBindingMode "
                  f"{sc.get('volumeBindingMode', 'Immediate (default)')}"],
                 Fix("The field is immutable: re-create the StorageClass with "
-                    "volumeBindingMode: WaitForFirstConsumer (existing PVs keep working).",
-                    (f"kubectl get storageclass {sc_name} -o yaml > sc.yaml",
-                     f"kubectl delete storageclass {sc_name}")))  # fmt: skip
+                    "volumeBindingMode: WaitForFirstConsumer (existing PVs keep working; Helm: "
+                    "storageClasses[].storageClass.volumeBindingMode).",
+                    recreate("storageclass", sc_name, f"volumeBindingMode: {WFFC}")))  # fmt: skip
         if names.plugin not in drivers and (other := _running_other(names.plugin, drivers)):
             add(Severity.ERROR, f"provisioner {names.plugin}, but the driver runs as {other}",
                 f"no CSI driver named {names.plugin} runs, so its PVCs wait forever for an "
@@ -45,7 +46,7 @@ def run(snap: Snapshot) -> list[Finding]:
                 Fix(f"Re-create the StorageClass with provisioner {other} (and parameters "
                     f"{other}/...), or run TopoLVM in "
                     + ("legacy mode (USE_LEGACY)." if names.legacy else "new-group mode."),
-                    (f"kubectl get storageclass {sc_name} -o yaml > sc.yaml",)))  # fmt: skip
+                    recreate("storageclass", sc_name, f"provisioner: {other}")))  # fmt: skip
         for n in BOTH:
             key = n.device_class_param
             if n is not names and key in params:
@@ -74,6 +75,16 @@ def run(snap: Snapshot) -> list[Finding]:
                 Fix("Use one of the node's device classes in the StorageClass, or add the "
                     "class to lvmd's device-classes (Helm: lvmd.deviceClasses).",))  # fmt: skip
     return findings
+
+
+def recreate(kind: str, name: str, change: str) -> tuple[str, ...]:
+    """Commands that re-create an object whose field is immutable, after an edit by hand."""
+    return (
+        f"kubectl get {kind} {name} -o yaml > {name}.yaml",
+        f"# edit {name}.yaml: set {change}; remove metadata.uid, resourceVersion, "
+        "creationTimestamp and managedFields",
+        f"kubectl replace --force -f {name}.yaml",
+    )
 
 
 def _running_other(plugin: str, drivers: set[str]) -> str | None:

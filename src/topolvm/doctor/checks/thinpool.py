@@ -17,6 +17,15 @@ def run(snap: Snapshot) -> list[Finding]:
         "data_percent": snap.settings.thin_data_percent,
         "metadata_percent": snap.settings.thin_metadata_percent,
     }
+    blind = [n for n in snap["node-metrics"] if n.get("error")]
+    if blind:
+        findings.append(Finding(
+            ID, Severity.UNDECIDED,
+            f"could not read the thin pools of {len(blind)} node(s)",
+            "topolvm-node's /metrics did not answer through the API server's pod proxy",
+            tuple(f"node {name_of(n)} (pod {n.get('pod')}): {n['error']}" for n in blind[:10]),
+            (), tuple(Ref("Node", name_of(n)) for n in blind),
+        ))  # fmt: skip
     for node in snap["node-metrics"]:
         for pool in node.get("pools") or []:
             full = {k: pool[k] for k, limit in limits.items() if pool.get(k, 0.0) >= limit}

@@ -24,15 +24,26 @@ def ca_certs(hook: Obj) -> list[x509.Certificate]:
         return []
 
 
-def verifies(cas: list[x509.Certificate], cert: x509.Certificate) -> bool:
-    for ca in cas:
-        if ca == cert:
+def _issued_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(issuer)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
+def verifies(cas: list[x509.Certificate], chain: list[x509.Certificate]) -> bool:
+    """Whether ``chain`` (leaf first, then intermediates, as in ``tls.crt``) leads to one of
+    ``cas``: issuer by issuer, at most a few steps."""
+    current, pool = chain[0], list(chain[1:])
+    for _ in range(8):
+        if any(ca == current or _issued_by(current, ca) for ca in cas):
             return True
-        try:
-            cert.verify_directly_issued_by(ca)
-            return True
-        except (ValueError, TypeError, InvalidSignature):
-            continue
+        nxt = next((c for c in pool if _issued_by(current, c)), None)
+        if nxt is None:
+            return False
+        pool.remove(nxt)
+        current = nxt
     return False
 
 
@@ -48,32 +59,52 @@ def ready_endpoints(snap: Snapshot, namespace: str, service: str) -> int:
     return count
 
 
-def serving_certs(snap: Snapshot, hook: Obj) -> list[x509.Certificate]:
-    """The certificate the hook's endpoint presents: fetched from its URL, or the TLS
-    Secrets in the Service's namespace issued for the Service's DNS name."""
-    config = hook.get("clientConfig") or {}
-    if url := config.get("url"):
-        return [
-            x509.load_der_x509_certificate(bytes.fromhex(c["der"]))
-            for c in snap["served-certificates"]
-            if name_of(c) == url
-        ]
-    svc = config.get("service") or {}
+def serving_chains(snap: Snapshot, hook: Obj) -> list[list[x509.Certificate]]:
+    """Certificate chains (leaf first) of the TLS Secrets in the hook's Service's namespace
+    issued for the Service's DNS name: what the controller serves."""
+    svc = (hook.get("clientConfig") or {}).get("service") or {}
     dns = f"{svc.get('name')}.{svc.get('namespace')}.svc"
     out = []
     for s in snap["secrets"]:
         if ns_of(s) != svc.get("namespace"):
             continue
         try:
-            cert = x509.load_pem_x509_certificate(
+            chain = x509.load_pem_x509_certificates(
                 base64.b64decode((s.get("data") or {}).get("tls.crt", ""))
             )
-            names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
-        except (ValueError, binascii.Error, x509.ExtensionNotFound):
+            names = chain[0].extensions.get_extension_for_class(x509.SubjectAlternativeName)
+        except (ValueError, binascii.Error, IndexError, x509.ExtensionNotFound):
             continue
         if any(n.startswith(dns) for n in names.value.get_values_for_type(x509.DNSName)):
-            out.append(cert)
+            out.append(chain)
     return out
+
+
+def ca_mismatch(snap: Snapshot, hook: Obj) -> tuple[bool | None, list[str]]:
+    """(True: the caBundle does not verify what is served; False: it does; None: unknown),
+    with evidence."""
+    config = hook.get("clientConfig") or {}
+    if url := config.get("url"):
+        served = [c for c in snap["served-certificates"] if name_of(c) == url]
+        if not served:
+            return None, []
+        leaf = x509.load_der_x509_certificate(bytes.fromhex(served[0]["der"]))
+        return not served[0]["trusted"], [
+            f"{url} serves {leaf.subject.rfc4514_string()}, issued by "
+            f"{leaf.issuer.rfc4514_string()}; a TLS handshake with the caBundle fails"
+        ]
+    chains = serving_chains(snap, hook)
+    if not chains:
+        return None, []
+    cas = ca_certs(hook)
+    if any(verifies(cas, chain) for chain in chains):
+        return False, []
+    leaf = chains[0][0]
+    return True, [
+        f"served certificate: {leaf.subject.rfc4514_string()}, issued by "
+        f"{leaf.issuer.rfc4514_string()}",
+        f"caBundle holds {len(cas)} certificate(s), none of them its issuer",
+    ]
 
 
 def failed_creates(snap: Snapshot, hook_name: str) -> list[str]:
@@ -128,18 +159,22 @@ def run(snap: Snapshot) -> list[Finding]:
                     )
                 )  # fmt: skip
                 continue
-        served = serving_certs(snap, hook)
-        if served and not any(verifies(ca_certs(hook), c) for c in served):
+        if svc and "secrets" in snap.unreadable:
+            findings.append(Finding(
+                ID, Severity.UNDECIDED,
+                f"could not compare webhook {hook_name}'s caBundle with its certificate",
+                f"cannot read secrets: {snap.unreadable['secrets']}", (), (), subject,
+                cluster_wide=True,
+            ))  # fmt: skip
+            continue
+        mismatch, lines = ca_mismatch(snap, hook)
+        if mismatch:
             findings.append(
                 Finding(
                     ID, severity,
                     f"webhook {hook_name}: caBundle does not verify the serving certificate",
                     f"the API server cannot trust the webhook's certificate, so {effect}",
-                    (*evidence,
-                     f"served certificate: {served[0].subject.rfc4514_string()}, issued by "
-                     f"{served[0].issuer.rfc4514_string()}",
-                     f"caBundle holds {len(ca_certs(hook))} certificate(s), none its issuer",
-                     *failed_creates(snap, hook_name)),
+                    (*evidence, *lines, *failed_creates(snap, hook_name)),
                     (
                         Fix(
                             "Let the controller rewrite the caBundle (restart it; Helm "
@@ -156,6 +191,6 @@ def run(snap: Snapshot) -> list[Finding]:
 
 
 CHECK = Check(
-    ID, 2, ("webhooks", "services", "endpointslices", "secrets", "events"), run,
+    ID, 2, ("webhooks", "services", "endpointslices", "events"), run,
     "TopoLVM pod webhooks that no running controller serves, or whose caBundle is wrong",
 )  # fmt: skip
