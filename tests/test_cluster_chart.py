@@ -22,10 +22,18 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node, PersistentVolume, Pod
 
 from devtools import gobuild
-from devtools.testbed.chartpods import ControllerPod, Release, forbidden_lines, start_node_pod
+from devtools.testbed.chartpods import (
+    ControllerPod,
+    Release,
+    SchedulerPod,
+    forbidden_lines,
+    scheduler_stanza,
+    start_node_pod,
+)
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import DriverStack, csidriver
 from devtools.testbed.kubelet import KubeletStandIn
+from devtools.testbed.process import http_get
 from devtools.testbed.umlnode import UmlNode
 from tests.cluster_fixtures import UmlNodes, session_controller_paused, unique
 from tests.helpers import eventually
@@ -240,6 +248,41 @@ async def test_upgrade_to_extender_mode_and_back_leaves_no_webhook_behind(
             return all(w["clientConfig"].get("caBundle") for w in h["webhooks"])
 
         await eventually("the caBundle written", lambda: asyncio.to_thread(ca_bundle), timeout=60)
+        # The chart's topolvm-scheduler, as its ServiceAccount, behind a kube-scheduler given
+        # the stanza the NOTES print: a pod scheduled through it, and /status says it is wired.
+        scheduler = SchedulerPod(release, tmp_path / "scheduler").start()
+        profile = unique("chart-extender")
+        try:
+            await eventually("the extender serving /status",
+                             lambda: asyncio.to_thread(http_get, f"{scheduler.url}/status"),
+                             timeout=60)  # fmt: skip
+            cp.start_scheduler(profile, scheduler_stanza(notes, scheduler.url))
+            node, name, ns = unique("ext-node"), unique("via-extender"), unique("ext-ns")
+            cp.add_node(node)
+            # The webhook's Service is unreachable here (no kube-proxy): a namespace it skips.
+            cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+                "name": ns, "labels": {NORMAL.webhook_ignore_label: "ignore"}}})  # fmt: skip
+            spec = {"schedulerName": profile, "nodeSelector": {"kubernetes.io/hostname": node},
+                    "containers": [{"name": "c", "image": "registry.invalid/c:1"}]}  # fmt: skip
+            cp.apply({"apiVersion": "v1", "kind": "Pod",
+                      "metadata": {"name": name, "namespace": ns}, "spec": spec})  # fmt: skip
+
+            async def on_node() -> object:
+                obj = await api.get(cluster_client, Pod, name, namespace=ns)
+                return (obj or {}).get("spec", {}).get("nodeName")
+
+            try:
+                assert await eventually("the pod scheduled", on_node, timeout=60) == node
+                status = json.loads(await asyncio.to_thread(http_get, f"{scheduler.url}/status"))
+                assert status["wired"].startswith("yes"), status
+            finally:
+                cp.kubectl("delete", "namespace", ns, "--wait=false")
+                cp.kubectl("delete", "pod", name, "-n", ns, "--force", "--grace-period=0")
+                cp.kubectl("delete", "node", node, "--wait=false")
+        finally:
+            cp.stop_scheduler(profile)
+            scheduler.stop()
+        assert not forbidden_lines(scheduler.log()), scheduler.log()
     finally:
         controller.stop()
     denied = {n: lines for n, text in controller.logs().items()

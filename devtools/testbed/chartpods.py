@@ -175,6 +175,66 @@ class ControllerPod:
             self.children.pop(name).stop()
 
 
+@dataclass
+class SchedulerPod:
+    """The chart's topolvm-scheduler container on the host, as its ServiceAccount, with the
+    options file of the chart's ConfigMap; it listens on loopback at a free port (``url``)."""
+
+    release: Release
+    workdir: Path
+    port: int = field(default_factory=free_port)
+    child: Child | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> SchedulerPod:
+        rel = self.release
+        manifest = rel.manifest()
+        [workload] = [d for d in manifest if d["kind"] in ("DaemonSet", "Deployment")
+                      and d["metadata"].get("labels", {}).get("app.kubernetes.io/component")
+                      == "scheduler"]  # fmt: skip
+        [options] = [d for d in manifest if d["kind"] == "ConfigMap"
+                     and d["metadata"]["name"].endswith("-scheduler-options")]  # fmt: skip
+        spec = workload["spec"]["template"]["spec"]
+        [c] = [c for c in spec["containers"] if c["name"] == "topolvm-scheduler"]
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config = self.workdir / "scheduler-options.yaml"
+        config.write_text(options["data"]["scheduler-options.yaml"])
+        kubeconfig = rel.cp.write_kubeconfig(
+            self.workdir / "kubeconfig", rel.cp.server, rel.token(spec["serviceAccountName"])
+        )
+        argv = [f"--config={config}" if a.startswith("--config=") else a for a in argv_of(c)]
+        self.child = Child(
+            "topolvm-scheduler",
+            [sys.executable, "-m", "topolvm", *argv[1:], f"--listen=127.0.0.1:{self.port}",
+             f"--kubeconfig={kubeconfig}"],
+            self.workdir / "topolvm-scheduler.log",
+        ).start()  # fmt: skip
+        return self
+
+    def log(self) -> str:
+        return self.child.log.read_text(errors="replace") if self.child else ""
+
+    def stop(self) -> None:
+        if self.child is not None:
+            self.child.stop()
+
+
+def scheduler_stanza(notes: str, url: str) -> list[Obj]:
+    """The ``extenders`` of the KubeSchedulerConfiguration the chart's NOTES print, with the
+    extender's URL replaced by ``url`` (the test bed has no cluster DNS)."""
+    lines = notes.splitlines()
+    start = next(i for i, line in enumerate(lines) if "apiVersion: kubescheduler" in line)
+    end = next((i for i in range(start, len(lines)) if not lines[i].strip()), len(lines))
+    config = yaml.safe_load("\n".join(line[4:] for line in lines[start:end]))
+    extenders: list[Obj] = config["extenders"]
+    for e in extenders:
+        e["urlPrefix"] = url
+    return extenders
+
+
 def start_node_pod(release: Release, node: UmlNode, lvmd_config: str) -> None:
     """The chart's topolvm-node container in ``node``'s guest as its ServiceAccount, lvmd
     embedded (``--config`` gets ``lvmd_config``, the chart's ConfigMap content, plus the
