@@ -117,6 +117,10 @@ def test_an_unreachable_api_server_or_bad_kubeconfig_exits_2(tmp_path: Path) -> 
     assert res.returncode == 2 and "could not check: cannot reach the Kubernetes API" in res.stderr
     res = cli(f"--kubeconfig={tmp_path / 'missing'}")
     assert res.returncode == 2 and "cannot load Kubernetes client configuration" in res.stderr
+    res = cli(f"--kubeconfig={config}", "--context=nope")
+    assert res.returncode == 2 and "Context 'nope' not found" in res.stderr
+    res = cli(f"--kubeconfig={config}", "--context=c")
+    assert res.returncode == 2 and "cannot reach the Kubernetes API" in res.stderr
     res = cli("--stale-after=soon")
     assert res.returncode == 2 and "not a duration: 'soon'" in res.stderr
 

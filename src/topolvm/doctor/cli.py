@@ -35,6 +35,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG, "
                    "~/.kube/config, then the in-cluster account)")  # fmt: skip
+    p.add_argument("--context", default=None, help="the kubeconfig context to use (default: "
+                   "its current context)")  # fmt: skip
     p.add_argument("-n", "--namespace", default="", help="only this namespace (and what its "
                    "pods and PVCs depend on); with --pod/--pvc: their namespace")  # fmt: skip
     what = p.add_mutually_exclusive_group()
@@ -81,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         kubeconfig = args.kubeconfig or default_kubeconfig()
         report, seconds = asyncio.run(
-            examine(kubeconfig, args.namespace, args.pod, args.pvc, settings)
+            examine(kubeconfig, args.namespace, args.pod, args.pvc, settings, args.context)
         )
     except (KubeError, DoctorError, ScopeError) as e:
         print(f"topolvm doctor: could not check: {e}", file=sys.stderr)
@@ -95,11 +97,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def examine(
-    kubeconfig: str | None, namespace: str, pod: str, pvc: str, settings: Settings
+    kubeconfig: str | None,
+    namespace: str,
+    pod: str,
+    pvc: str,
+    settings: Settings,
+    context: str | None = None,
 ) -> tuple[Report, float]:
     """Read the cluster and diagnose it: (report, seconds taken)."""
     t0 = time.monotonic()
-    client = make_client(kubeconfig)
+    client = make_client(kubeconfig, context=context)
     try:
         if (pod or pvc) and not namespace:
             namespace = client.namespace or "default"

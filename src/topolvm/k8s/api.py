@@ -35,8 +35,11 @@ class KubeError(Exception):
     """The Kubernetes API could not be used (unreachable, refused, or an unexpected answer)."""
 
 
-def make_client(kubeconfig: str | None = None, server: str | None = None) -> AsyncClient:
-    """A client from ``--server`` (tests, demo), a kubeconfig file, or the in-cluster account."""
+def make_client(
+    kubeconfig: str | None = None, server: str | None = None, context: str | None = None
+) -> AsyncClient:
+    """A client from ``--server`` (tests, demo), a kubeconfig file (its ``context``, else the
+    current one), or the in-cluster account."""
     try:
         if server:
             # from_server() leaves out the user entry that lightkube's adapter requires.
@@ -45,9 +48,10 @@ def make_client(kubeconfig: str | None = None, server: str | None = None) -> Asy
             config = KubeConfig.from_file(kubeconfig)
         else:
             config = KubeConfig.from_env()
+        chosen = config.get(context_name=context) if context else config
     except Exception as e:
         raise KubeError(f"cannot load Kubernetes client configuration: {e}") from e
-    return AsyncClient(config, field_manager="topolvm", trust_env=not server)
+    return AsyncClient(chosen, field_manager="topolvm", trust_env=not server)
 
 
 async def with_client(
