@@ -18,7 +18,15 @@ from lightkube.core.resource import NamespacedResource
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from prometheus_client.parser import text_string_to_metric_families
 
-from topolvm.doctor.snapshot import TOPOLVM_NODE_CONTAINER, Obj, Snapshot, name_of, ns_of
+from topolvm.cliargs import parse_listen
+from topolvm.doctor.snapshot import (
+    TOPOLVM_NODE_CONTAINER,
+    Obj,
+    Snapshot,
+    container_of,
+    name_of,
+    ns_of,
+)
 from topolvm.k8s import api
 
 log = logging.getLogger("topolvm.doctor")
@@ -131,19 +139,21 @@ def _depends(snap: Snapshot, kind: str, on: str) -> bool:
 
 
 def metrics_port(pod: Obj) -> int:
-    """topolvm-node's --metrics-bind-address port (upstream's default :8080)."""
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        if c.get("name") != TOPOLVM_NODE_CONTAINER:
+    """topolvm-node's --metrics-bind-address port (upstream's default :8080; 0: off)."""
+    c = container_of(pod, TOPOLVM_NODE_CONTAINER) or {}
+    argv = [str(a) for a in [*(c.get("command") or []), *(c.get("args") or [])]]
+    for i, arg in enumerate(argv):
+        flag, eq, value = arg.partition("=")
+        if flag != METRICS_FLAG:
             continue
-        argv = [str(a) for a in [*(c.get("command") or []), *(c.get("args") or [])]]
-        for i, arg in enumerate(argv):
-            value = None
-            if arg.startswith(f"{METRICS_FLAG}="):
-                value = arg.split("=", 1)[1]
-            elif arg == METRICS_FLAG and i + 1 < len(argv):
-                value = argv[i + 1]
-            if value and value.rsplit(":", 1)[-1].isdigit():
-                return int(value.rsplit(":", 1)[-1])
+        if not eq:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+        if value in ("", "0"):  # the flag's way of turning metrics off
+            return 0
+        try:
+            return parse_listen(value)[1]
+        except ValueError:
+            continue
     return 8080
 
 
@@ -165,9 +175,8 @@ async def _node_metrics(http: httpx2.AsyncClient, snap: Snapshot) -> list[Obj]:
     that does not answer is recorded with the error."""
     gate = asyncio.Semaphore(16)
     pods = [
-        p for node in sorted({str((p.get("spec") or {}).get("nodeName")) for p in snap["pods"]})
-        if (p := snap.topolvm_node_pod(node)) is not None
-        and (p.get("status") or {}).get("phase") == "Running"
+        p for p in snap.topolvm_node_pods()
+        if (p.get("status") or {}).get("phase") == "Running"
         and (p.get("status") or {}).get("podIP")
     ]  # fmt: skip
 
@@ -197,8 +206,7 @@ async def _scheduler_status(http: httpx2.AsyncClient, snap: Snapshot) -> list[Ob
     it), through the pod proxy: evidence only, so any failure is kept as the entry's error."""
     out = []
     for pod in snap["pods"]:
-        containers = (pod.get("spec") or {}).get("containers") or []
-        sched = next((c for c in containers if c.get("name") == SCHEDULER_CONTAINER), None)
+        sched = container_of(pod, SCHEDULER_CONTAINER)
         status = pod.get("status") or {}
         if sched is None or status.get("phase") != "Running" or not status.get("podIP"):
             continue

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from topolvm.capacity_annotations import class_key, parse_node_value
+from topolvm.capacity_annotations import class_key, decode_node, parse_node_value
 from topolvm.constants import LEGACY, NORMAL, Names
 from topolvm.k8s.logicalvolume import InvalidQuantity, parse_quantity
 
@@ -92,6 +92,12 @@ def scheduling_message(pod: Obj) -> str:
         if c.get("type") == "PodScheduled" and c.get("status") == "False":
             return str(c.get("message") or "")
     return ""
+
+
+def container_of(pod: Obj, name: str) -> Obj | None:
+    """The pod's container called ``name``."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    return next((c for c in containers if c.get("name") == name), None)
 
 
 def owner(obj: Obj) -> Obj | None:
@@ -199,6 +205,12 @@ class Snapshot:
             and (not uid or (e.get("involvedObject") or {}).get("uid", uid) == uid)
         ]  # fmt: skip
 
+    def topolvm_class_of(self, pvc: Obj) -> tuple[Obj, Names] | None:
+        """The PVC's StorageClass and its TopoLVM names, if TopoLVM provisions it."""
+        sc = self.storage_class_of(pvc)
+        n = names_for(str(sc.get("provisioner", ""))) if sc is not None else None
+        return None if sc is None or n is None else (sc, n)
+
     def storage_class_of(self, pvc: Obj) -> Obj | None:
         sc = (pvc.get("spec") or {}).get("storageClassName")
         return self.get("storageclasses", str(sc)) if sc else None
@@ -208,6 +220,18 @@ class Snapshot:
             n = names_for(str(sc.get("provisioner", "")))
             if n is not None:
                 yield sc, n
+
+    def advertising(self, resource: str) -> list[str]:
+        """Names of the Nodes with ``resource`` (the marker) in ``status.allocatable``."""
+        return [
+            name_of(n) for n in self["nodes"]
+            if resource in ((n.get("status") or {}).get("allocatable") or {})
+        ]  # fmt: skip
+
+    def node_capacities(self, node: Obj, names: Names) -> dict[str, int | None]:
+        """The node's ``capacity.<plugin>/<class>`` annotations: class key -> bytes (None if
+        the value is not a number)."""
+        return {k: v for k, (v, _) in decode_node(names, annotations_of(node)).items()}
 
     def node_free(self, node: Obj, names: Names, device_class: str) -> int | None:
         raw = annotations_of(node).get(names.capacity_prefix + class_key(device_class))
@@ -228,9 +252,8 @@ class Snapshot:
         """``kubectl logs`` for the (first) pod running ``container`` (on ``node``, if given);
         placeholders when no such pod is visible (TopoLVM runs elsewhere)."""
         for p in self["pods"]:
-            spec = p.get("spec") or {}
-            names = [c.get("name") for c in spec.get("containers") or []]
-            if container in names and (not node or spec.get("nodeName") == node):
+            on = (p.get("spec") or {}).get("nodeName")
+            if container_of(p, container) is not None and (not node or on == node):
                 return f"kubectl logs -n {ns_of(p)} {name_of(p)} -c {container}"
         if node:
             return f"kubectl get pods -A -o wide --field-selector spec.nodeName={node}"
@@ -238,6 +261,10 @@ class Snapshot:
 
     def topolvm_node_pod(self, node: str) -> Obj | None:
         return self._node_pods.get(node)
+
+    def topolvm_node_pods(self) -> list[Obj]:
+        """One topolvm-node pod per node (see :meth:`topolvm_node_pod`), by node name."""
+        return [self._node_pods[n] for n in sorted(self._node_pods)]
 
     @cached_property
     def _node_pods(self) -> dict[str, Obj]:
@@ -249,10 +276,8 @@ class Snapshot:
 
         out: dict[str, Obj] = {}
         for p in self["pods"]:
-            spec = p.get("spec") or {}
-            names = {c.get("name") for c in spec.get("containers") or []}
-            node = str(spec.get("nodeName") or "")
-            if (TOPOLVM_NODE_CONTAINER in names and node
+            node = str((p.get("spec") or {}).get("nodeName") or "")
+            if (container_of(p, TOPOLVM_NODE_CONTAINER) is not None and node
                     and (node not in out or rank(p) > rank(out[node]))):  # fmt: skip
                 out[node] = p
         return out

@@ -11,7 +11,16 @@ from topolvm.doctor.checks.marker_without_extender import (
     stranded,
 )
 from topolvm.doctor.model import Check, Finding, Fix, Ref, Severity
-from topolvm.doctor.snapshot import Obj, Snapshot, marker_of, name_of, ns_of, pod_label, unscheduled
+from topolvm.doctor.snapshot import (
+    BOTH,
+    Obj,
+    Snapshot,
+    marker_of,
+    name_of,
+    ns_of,
+    pod_label,
+    unscheduled,
+)
 
 ID = "marker-left-on-pods"
 
@@ -19,15 +28,11 @@ ID = "marker-left-on-pods"
 def run(snap: Snapshot) -> list[Finding]:
     if snap.pod_webhooks():
         return []  # marker-without-extender covers a webhook that still marks pods
-    advertised = {
-        str(key)
-        for n in snap["nodes"]
-        for key in ((n.get("status") or {}).get("allocatable") or {})
-    }
+    advertised = {n.capacity_resource: bool(snap.advertising(n.capacity_resource)) for n in BOTH}
     stuck = [
         p for p in snap["pods"]
         if (m := marker_of(p)) and unscheduled(p)
-        and (stranded(snap, p, m) or m not in advertised)
+        and (stranded(snap, p, m) or not advertised[m])
     ]  # fmt: skip
     return [_finding(snap, pods) for pods in by_namespace(stuck)]
 

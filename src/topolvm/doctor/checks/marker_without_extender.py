@@ -13,6 +13,7 @@ from topolvm.doctor.snapshot import (
     human_bytes,
     marker_of,
     name_of,
+    names_for,
     ns_of,
     owner,
     pod_label,
@@ -67,23 +68,17 @@ def recreate_note(pods: list[Obj]) -> str:
 
 def capacity_evidence(snap: Snapshot, marker: str) -> list[str]:
     plugin = marker.split("/", maxsplit=1)[0]
-    advertised = [
-        name_of(n)
-        for n in snap["nodes"]
-        if marker in ((n.get("status") or {}).get("allocatable") or {})
-    ]
+    advertised = snap.advertising(marker)
     out = [
         f"no Node advertises {marker} in status.allocatable"
         if not advertised
         else f"only {len(advertised)} Node(s) advertise {marker}: {', '.join(advertised[:5])}"
     ]
-    prefix = f"capacity.{plugin}/"
+    names = names_for(plugin)
+    if names is None:
+        return out
     for n in snap["nodes"][:200]:
-        free = {
-            k.removeprefix(prefix): int(v)
-            for k, v in ((n.get("metadata") or {}).get("annotations") or {}).items()
-            if k.startswith(prefix) and v.isdigit() and int(v) > 0
-        }
+        free = {dc: b for dc, b in snap.node_capacities(n, names).items() if b}
         if free:
             classes = ", ".join(f"{dc} {human_bytes(b)}" for dc, b in sorted(free.items()))
             out.append(f"node {name_of(n)} has free space: {classes}")

@@ -6,7 +6,7 @@ numbers that nothing updates."""
 from __future__ import annotations
 
 from topolvm.doctor.model import Check, Finding, Fix, Ref, Severity
-from topolvm.doctor.snapshot import BOTH, Obj, Snapshot, annotations_of, name_of, ns_of
+from topolvm.doctor.snapshot import BOTH, Obj, Snapshot, name_of, ns_of
 
 ID = "node-capacity"
 
@@ -27,7 +27,7 @@ def run(snap: Snapshot) -> list[Finding]:
         registered = snap.csi_nodes_with(names.plugin)
         for node in snap["nodes"]:
             node_name = name_of(node)
-            has = any(k.startswith(names.capacity_prefix) for k in annotations_of(node))
+            has = bool(snap.node_capacities(node, names))
             pod = snap.topolvm_node_pod(node_name)
             subject = (Ref("Node", node_name),)
             logs = (

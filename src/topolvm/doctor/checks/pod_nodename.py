@@ -21,12 +21,11 @@ def run(snap: Snapshot) -> list[Finding]:
         stuck = []
         for claim in claims_of(pod):
             pvc = snap.get("pvcs", claim, ns)
-            sc = snap.storage_class_of(pvc) if pvc else None
+            found = snap.topolvm_class_of(pvc) if pvc else None
             if (
-                pvc is not None and sc is not None
+                pvc is not None and found is not None
                 and (pvc.get("status") or {}).get("phase") == "Pending"
-                and sc.get("volumeBindingMode") == "WaitForFirstConsumer"
-                and any(s is sc for s, _ in snap.topolvm_classes())
+                and found[0].get("volumeBindingMode") == "WaitForFirstConsumer"
                 and SELECTED_NODE not in annotations_of(pvc)
             ):  # fmt: skip
                 stuck.append(claim)

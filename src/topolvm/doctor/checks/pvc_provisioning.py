@@ -30,12 +30,10 @@ def run(snap: Snapshot) -> list[Finding]:
     for pvc in snap["pvcs"]:
         if (pvc.get("status") or {}).get("phase") != "Pending":
             continue
-        sc = snap.storage_class_of(pvc)
-        names = None
-        if sc is not None:
-            names = next((n for s, n in snap.topolvm_classes() if s is sc), None)
-        if sc is None or names is None:
+        found = snap.topolvm_class_of(pvc)
+        if found is None:
             continue
+        sc, names = found
         failed = snap.events(
             "PersistentVolumeClaim", ns_of(pvc), name_of(pvc), "ProvisioningFailed", uid_of(pvc)
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from topolvm.capacity_annotations import class_key
 from topolvm.doctor.model import Check, Finding, Fix, Ref, Severity
-from topolvm.doctor.snapshot import BOTH, Obj, Snapshot, annotations_of, name_of
+from topolvm.doctor.snapshot import BOTH, Snapshot, name_of
 
 ID = "storageclass"
 WFFC = "WaitForFirstConsumer"
@@ -56,22 +56,14 @@ def run(snap: Snapshot) -> list[Finding]:
                     [f"StorageClass {sc_name}: parameters {key}={params[key]}"],
                     Fix(f"Re-create it with {names.device_class_param}."))  # fmt: skip
         dc = params.get(names.device_class_param, "")
-        annotated = [nd for nd in snap["nodes"] if _has_capacity(nd, names.capacity_prefix)]
-        key = names.capacity_prefix + class_key(dc)
-        if annotated and not any(key in annotations_of(nd) for nd in annotated):
-            known = sorted(
-                {
-                    k.removeprefix(names.capacity_prefix)
-                    for nd in annotated
-                    for k in annotations_of(nd)
-                    if k.startswith(names.capacity_prefix)
-                }
-            )
+        reported = [c for nd in snap["nodes"] if (c := snap.node_capacities(nd, names))]
+        if reported and not any(class_key(dc) in c for c in reported):
+            known = sorted({k for c in reported for k in c})
             add(Severity.ERROR, f"device class {dc or '(default)'} exists on no node",
                 "no lvmd has this device class, so every CreateVolume fails and its PVCs stay "
                 "Pending",
                 [f"StorageClass {sc_name}: {names.device_class_param}={dc or '(unset)'}",
-                 f"{len(annotated)} node(s) report classes: {', '.join(known)}"],
+                 f"{len(reported)} node(s) report classes: {', '.join(known)}"],
                 Fix("Use one of the node's device classes in the StorageClass, or add the "
                     "class to lvmd's device-classes (Helm: lvmd.deviceClasses).",))  # fmt: skip
     return findings
@@ -89,10 +81,6 @@ def recreate(kind: str, name: str, change: str) -> tuple[str, ...]:
 
 def _running_other(plugin: str, drivers: set[str]) -> str | None:
     return next((n.plugin for n in BOTH if n.plugin != plugin and n.plugin in drivers), None)
-
-
-def _has_capacity(node: Obj, prefix: str) -> bool:
-    return any(k.startswith(prefix) for k in annotations_of(node))
 
 
 CHECK = Check(
