@@ -416,8 +416,8 @@ def report(results: dict[str, Any], args: argparse.Namespace, timing: dict[str, 
         )
         print(f"  {label:<40}{cells}")
     print(f"  for reference: lvmd's 'lvm fullreport' alone in the guest, median "
-          f"{results['fullreport_ms']:.1f} ms; lvmd runs one for the\n  Watch report once it "
-          "has been idle 0.25 s (at most 3 s after a change), holding its lock")  # fmt: skip
+          f"{results['fullreport_ms']:.1f} ms; after plain thick changes the\n  Watch report "
+          "comes from lvmd's model and runs none")  # fmt: skip
     load = os.getloadavg()
     print(f"\nset-up {timing['setup_s']:.0f} s, measuring {timing['measure_s']:.0f} s, "
           f"total {timing['total_s']:.0f} s; load average {load[0]:.2f} {load[1]:.2f}")  # fmt: skip

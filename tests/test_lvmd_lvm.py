@@ -366,6 +366,75 @@ async def test_watch_periodic_refresh_sees_outside_changes(
     stream.cancel()
 
 
+class WatchReader:
+    """Reads a Watch stream in a task (a timed-out read would cancel the whole call)."""
+
+    def __init__(self, client: LvmdClient) -> None:
+        self.stream = client.vg.Watch(pb.Empty())
+        self.queue: asyncio.Queue[pb.WatchResponse] = asyncio.Queue()
+        self.task = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        async for msg in self.stream:
+            self.queue.put_nowait(msg)
+
+    async def until_quiet(self) -> pb.WatchResponse:
+        """The last message of a burst: read until none comes for a second."""
+        last = await asyncio.wait_for(self.queue.get(), 10)
+        while True:
+            try:
+                last = await asyncio.wait_for(self.queue.get(), 1.0)
+            except TimeoutError:
+                return last
+
+    def close(self) -> None:
+        self.stream.cancel()
+        self.task.cancel()
+
+
+async def test_watch_after_plain_thick_changes_reports_the_model_exactly(
+    thick: LvmdClient,
+) -> None:
+    watch = WatchReader(thick)
+    await watch.until_quiet()
+    calls = thick.server.runner.calls
+    await asyncio.gather(
+        *(
+            thick.lv.CreateLV(pb.CreateLVRequest(name=f"e{n}", size_bytes=96 * MiB))
+            for n in range(4)
+        )
+    )
+    after_creates = await watch.until_quiet()
+    assert thick.server.runner.calls == calls + 4, "4 lvcreate and no report for the Watch"
+    assert after_creates.free_bytes == vg_free("vg1") - GiB  # what LVM says
+    await thick.lv.RemoveLV(pb.RemoveLVRequest(name="e0"))
+    after_remove = await watch.until_quiet()
+    assert thick.server.runner.calls == calls + 5
+    assert after_remove.free_bytes == vg_free("vg1") - GiB
+    watch.close()
+
+
+async def test_watch_after_an_allocation_lvmd_cannot_compute_reads_lvm(
+    vgs: VolumeGroups, lvmd_factory: Any
+) -> None:
+    vgs.create("vg1", size_gib=8, pvs=2)
+    client: LvmdClient = await lvmd_factory(
+        [THICK],
+        **{"lvcreate-option-classes": [{"name": "raid1", "options": ["--type=raid1", "-m1"]}]},
+    )
+    watch = WatchReader(client)
+    first = await watch.until_quiet()
+    req = pb.CreateLVRequest(name="m", size_bytes=GiB, lvcreate_option_class="raid1")
+    await client.lv.CreateLV(req)
+    second = await watch.until_quiet()
+    # two legs and their metadata: more than the LV's size left the VG
+    assert second.free_bytes == vg_free("vg1") - GiB < first.free_bytes - 2 * GiB
+    await client.lv.RemoveLV(pb.RemoveLVRequest(name="m"))
+    third = await watch.until_quiet()
+    assert third.free_bytes == vg_free("vg1") - GiB == first.free_bytes
+    watch.close()
+
+
 # -- caching -------------------------------------------------------------------------------
 
 

@@ -174,7 +174,8 @@ class Lvmd(pb_grpc.LVServiceServicer, pb_grpc.VGServiceServicer):
                     f"get rejected: size_bytes={size}",
                 )
             argv = self._lvcreate_argv(pool, name, size, tags, options)
-            self.state.invalidate()  # even if this RPC is cancelled, the next read refreshes
+            # even if this RPC is cancelled, the next read refreshes
+            was_exact = self.state.begin_change()
             try:
                 await self.runner.run(*argv)
             except LvmError as e:
@@ -203,7 +204,12 @@ class Lvmd(pb_grpc.LVServiceServicer, pb_grpc.VGServiceServicer):
             updated = with_lv(report, lv)
             if pool.thin_pool is None:
                 updated = with_vg_free(updated, pool.vg.name, pool.vg.free - lv.size)
-            self.state.update_locked(updated)
+            # A plain linear LV takes exactly its size (read back from the device); options
+            # (RAID, mirrors, ...) may take more, and a thin LV moves the pool's usage.
+            linear = pool.thin_pool is None and not options
+            if linear:
+                self.state.record_linear(lv.full_name)
+            self.state.update_locked(updated, capacity_exact=was_exact and linear)
         return pb.CreateLVResponse(volume=_to_pb(lv, full=False))
 
     async def _lvm_no_space(
@@ -266,7 +272,7 @@ class Lvmd(pb_grpc.LVServiceServicer, pb_grpc.VGServiceServicer):
                 raise status.FailedPrecondition(
                     f"{lv.full_name} is a thin pool; lvmd never removes thin pools",
                 )
-            self.state.invalidate()
+            was_exact = self.state.begin_change()
             try:
                 await self.runner.run("lvremove", "-f", f"{vg.name}/{name}")
             except LvmError as e:
@@ -276,7 +282,8 @@ class Lvmd(pb_grpc.LVServiceServicer, pb_grpc.VGServiceServicer):
             updated = without_lv(report, vg.name, name)
             if lv is not None and not lv.pool_lv:
                 updated = with_vg_free(updated, vg.name, vg.free + lv.size)
-            self.state.update_locked(updated)
+            exact = was_exact and lv is not None and self.state.is_linear(lv)
+            self.state.update_locked(updated, capacity_exact=exact)
         return pb.Empty()
 
     @rpc
@@ -305,7 +312,7 @@ class Lvmd(pb_grpc.LVServiceServicer, pb_grpc.VGServiceServicer):
                 free = pool.free(report)
             if free < delta:
                 raise _no_space(free, delta)
-            self.state.invalidate()
+            self.state.begin_change()
             try:
                 await self.runner.run("lvresize", "-L", f"{size}b", lv.full_name)
             except LvmError as e:
@@ -388,7 +395,7 @@ class Lvmd(pb_grpc.LVServiceServicer, pb_grpc.VGServiceServicer):
         argv = ["lvcreate", "-s", "-k", "n", "-n", name, src.full_name]
         for t in tags:
             argv += ["--addtag", t]
-        self.state.invalidate()
+        self.state.begin_change()
         await self.runner.run(*argv)
         path = f"/dev/{vg}/{name}"
         try:
@@ -452,13 +459,13 @@ class Lvmd(pb_grpc.LVServiceServicer, pb_grpc.VGServiceServicer):
         """Initial message, then one after every change (bursts coalesce) until shutdown."""
         queue = self.state.subscribe()
         try:
-            yield self.watch_message(await self.state.fresh())
+            yield self.watch_message(await self.state.capacity_report())
             while not self.state.closing.is_set():
                 await queue.get()
                 if self.state.closing.is_set():
                     return
                 await self.state.settled(WATCH_QUIET, WATCH_LIMIT)
-                yield self.watch_message(await self.state.fresh())
+                yield self.watch_message(await self.state.capacity_report())
         except (LvmError, PoolMissing, ValueError) as e:
             log.error("watch stream failed", extra={"error": str(e)})
             await context.abort(grpc.StatusCode.INTERNAL, str(e))

@@ -4,6 +4,9 @@ lvmd keeps the last ``lvm fullreport`` in memory and serves reads from it. Its o
 update the cached model at once (marking it *dirty*: numbers LVM computes, such as VG free space
 after an allocation with lvcreate options, may differ); readers that need exact data call
 :meth:`LvmState.fresh`, which runs one ``fullreport`` if anything changed since the last one.
+Some changes leave the model's capacity exact although it is dirty (a plain linear LV takes or
+frees exactly its size from the VG): the Watch stream then reports from the model with no
+``fullreport``, which would hold the lock for longer than an ``lvcreate`` takes in a burst.
 A timer refreshes it too, so changes made outside lvmd are seen within one refresh interval and
 an idle node costs one LVM report per interval.
 """
@@ -16,7 +19,7 @@ import logging
 import time
 
 from topolvm.lvm.command import LvmRunner
-from topolvm.lvm.report import FULLREPORT_ARGS, Report, parse_report
+from topolvm.lvm.report import FULLREPORT_ARGS, LvRecord, Report, parse_report
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +36,10 @@ class LvmState:
         self.lock = asyncio.Lock()
         self._report: Report | None = None
         self._dirty = True
+        # Free space and sizes in the model are LVM's: true after a report, kept only by
+        # changes whose effect lvmd knows exactly (see :meth:`begin_change`).
+        self._capacity_exact = False
+        self._linear: set[str] = set()  # "vg/lv" of plain linear LVs lvmd made since the report
         self._subscribers: set[asyncio.Queue[None]] = set()
         self.closing = asyncio.Event()
         self.refreshes = 0
@@ -42,10 +49,16 @@ class LvmState:
     def dirty(self) -> bool:
         return self._dirty
 
+    @property
+    def capacity_exact(self) -> bool:
+        return self._capacity_exact
+
     async def _load(self) -> Report:
         report = parse_report(await self.runner.report(*FULLREPORT_ARGS))
         self._report = report
         self._dirty = False
+        self._capacity_exact = True
+        self._linear.clear()
         self.refreshes += 1
         return report
 
@@ -78,16 +91,47 @@ class LvmState:
             self.notify()
         return new
 
-    def update_locked(self, report: Report) -> None:
-        """Record lvmd's own change in the model; the next exact read refreshes it."""
+    async def capacity_report(self) -> Report:
+        """What a Watch message is computed from: the model while its capacity is exact (after
+        the mutation that runs now, if any), else a new report."""
+        report = self._report
+        if report is not None and self._capacity_exact:
+            return report
+        async with self.lock:
+            if self._report is not None and (self._capacity_exact or not self._dirty):
+                return self._report
+            return await self._load()
+
+    def begin_change(self) -> bool:
+        """A mutation is about to run: the model is dirty and its capacity unknown until
+        :meth:`update_locked` records the result (a cancelled or failed mutation leaves it so).
+        Returns whether the capacity was exact before, for the caller to pass on."""
+        was_exact = self._capacity_exact
+        self._dirty = True
+        self._capacity_exact = False
+        self.last_change = time.monotonic()
+        return was_exact
+
+    def update_locked(self, report: Report, *, capacity_exact: bool = False) -> None:
+        """Record lvmd's own change in the model; the next exact read refreshes it.
+        ``capacity_exact``: the model's capacity was exact before the change and the change's
+        effect on it is known exactly."""
         self._report = report
         self._dirty = True
+        self._capacity_exact = capacity_exact
         self.last_change = time.monotonic()
         self.notify()
 
-    def invalidate(self) -> None:
-        self._dirty = True
-        self.last_change = time.monotonic()
+    def record_linear(self, full_name: str) -> None:
+        """lvmd made ``full_name`` as a plain linear LV (it frees exactly its size)."""
+        self._linear.add(full_name)
+
+    def is_linear(self, lv: LvRecord) -> bool:
+        """Whether removing ``lv`` frees exactly its size in its VG: a plain linear (or striped)
+        LV by its ``lv_attr`` volume type, or one lvmd made so since the last report."""
+        if lv.pool_lv:
+            return False
+        return lv.attr[:1] == "-" or lv.full_name in self._linear
 
     async def settled(self, quiet: float, limit: float, poll: float = 0.02) -> None:
         """Return once lvmd has made no change for ``quiet`` seconds and none runs, or after
