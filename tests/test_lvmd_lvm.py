@@ -393,24 +393,29 @@ class WatchReader:
 
 
 async def test_watch_after_plain_thick_changes_reports_the_model_exactly(
-    thick: LvmdClient,
+    both: LvmdClient,
 ) -> None:
-    watch = WatchReader(thick)
-    await watch.until_quiet()
-    calls = thick.server.runner.calls
+    watch = WatchReader(both)
+    first = await watch.until_quiet()
+    calls = both.server.runner.calls
+    # 95 MiB: LVM rounds each up to 96 MiB (4 MiB extents); the model must take the real size
     await asyncio.gather(
-        *(
-            thick.lv.CreateLV(pb.CreateLVRequest(name=f"e{n}", size_bytes=96 * MiB))
-            for n in range(4)
-        )
+        *(both.lv.CreateLV(pb.CreateLVRequest(name=f"e{n}", size_bytes=95 * MiB)) for n in range(4))
     )
     after_creates = await watch.until_quiet()
-    assert thick.server.runner.calls == calls + 4, "4 lvcreate and no report for the Watch"
-    assert after_creates.free_bytes == vg_free("vg1") - GiB  # what LVM says
-    await thick.lv.RemoveLV(pb.RemoveLVRequest(name="e0"))
-    after_remove = await watch.until_quiet()
-    assert thick.server.runner.calls == calls + 5
-    assert after_remove.free_bytes == vg_free("vg1") - GiB
+    assert both.server.runner.calls == calls + 4, "4 lvcreate and no report for the Watch"
+    assert after_creates.free_bytes == vg_free("vg1") - GiB == first.free_bytes - 4 * 96 * MiB
+    thin = {i.device_class: i for i in after_creates.items}["thin"]
+    assert thin.free_bytes == vg_free("vg1")  # the thin item's raw VG free moves too
+    assert thin.thin_pool.overprovision_bytes == 10 * GiB
+    # an LV lvmd made since the last report, then one that report shows as linear ("-wi-a-")
+    await both.lv.RemoveLV(pb.RemoveLVRequest(name="e0"))
+    assert (await watch.until_quiet()).free_bytes == vg_free("vg1") - GiB
+    assert both.server.runner.calls == calls + 5
+    await both.vg.GetLVList(pb.GetLVListRequest())  # dirty model: one fullreport
+    await both.lv.RemoveLV(pb.RemoveLVRequest(name="e1"))
+    assert (await watch.until_quiet()).free_bytes == vg_free("vg1") - GiB
+    assert both.server.runner.calls == calls + 7, "lvremove, and no second report"
     watch.close()
 
 
@@ -418,8 +423,10 @@ async def test_watch_after_an_allocation_lvmd_cannot_compute_reads_lvm(
     vgs: VolumeGroups, lvmd_factory: Any
 ) -> None:
     vgs.create("vg1", size_gib=8, pvs=2)
+    vgs.create("vg2", size_gib=4, pvs=2)
+    striped = {**THICK, "name": "striped", "volume-group": "vg2", "default": False, "stripe": 2}
     client: LvmdClient = await lvmd_factory(
-        [THICK],
+        [THICK, striped],
         **{"lvcreate-option-classes": [{"name": "raid1", "options": ["--type=raid1", "-m1"]}]},
     )
     watch = WatchReader(client)
@@ -432,6 +439,12 @@ async def test_watch_after_an_allocation_lvmd_cannot_compute_reads_lvm(
     await client.lv.RemoveLV(pb.RemoveLVRequest(name="m"))
     third = await watch.until_quiet()
     assert third.free_bytes == vg_free("vg1") - GiB == first.free_bytes
+    # a striped class rounds to stripes x extents: lvmd reads LVM rather than compute it
+    calls = client.server.runner.calls
+    await client.lv.CreateLV(pb.CreateLVRequest(name="s", device_class="striped", size_bytes=GiB))
+    items = {i.device_class: i for i in (await watch.until_quiet()).items}
+    assert items["striped"].free_bytes == vg_free("vg2") - GiB
+    assert client.server.runner.calls == calls + 2, "lvcreate, then one report for the Watch"
     watch.close()
 
 

@@ -135,9 +135,9 @@ class LvmState:
 
     async def settled(self, quiet: float, limit: float, poll: float = 0.02) -> None:
         """Return once lvmd has made no change for ``quiet`` seconds and none runs, or after
-        ``limit`` seconds whatever happens. A Watch report waits for this: its ``fullreport``
-        holds :attr:`lock`, so one run between two back-to-back mutations (a CreateVolume
-        burst) would delay the second by a whole report."""
+        ``limit`` seconds whatever happens. A Watch report waits for this: it coalesces a burst
+        into one message, and when the model's capacity is not exact its ``fullreport`` holds
+        :attr:`lock`, so one run between two back-to-back mutations would delay the second."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + limit
         while not self.closing.is_set():
