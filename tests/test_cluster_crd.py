@@ -77,6 +77,42 @@ async def test_logicalvolume_round_trips_every_field(
     assert await api.get(cluster_client, res, name) is None
 
 
+async def test_writes_from_a_stale_object_lose_nothing(cluster_client: AsyncClient) -> None:
+    """``known`` saves a read; when it is out of date the write conflicts and is redone on the
+    current object, keeping what another writer stored in between."""
+    res = api.logicalvolume_resource(NORMAL)
+    name = unique("stale")
+    created = api.to_dict(await cluster_client.create(res.from_dict(full_lv(NORMAL, name))))
+
+    def label(key: str) -> api.Mutation:
+        def mutate(obj: api.Obj) -> bool:
+            obj["metadata"]["labels"] = {**(obj["metadata"].get("labels") or {}), key: "y"}
+            return True
+
+        return mutate
+
+    fresh = await api.modify(cluster_client, res, name, label("first"), known=created)
+    assert fresh is not None and fresh["metadata"]["labels"] == {"first": "y"}  # no conflict
+    # ``created`` is now out of date: the second write must not drop the first label
+    stored = await api.modify(cluster_client, res, name, label("second"), known=created)
+    assert stored is not None and stored["metadata"]["labels"] == {"first": "y", "second": "y"}
+    await api.set_finalizer(cluster_client, res, name, "example.com/other", True, known=stored)
+    await api.set_finalizer(
+        cluster_client,
+        res,
+        name,
+        NORMAL.lv_finalizer,
+        False,
+        known=stored,  # stale again
+    )
+    now = await api.get(cluster_client, res, name)
+    assert now is not None and now["metadata"]["finalizers"] == ["example.com/other"]
+    assert now["metadata"]["labels"] == {"first": "y", "second": "y"}
+    await api.set_finalizer(cluster_client, res, name, "example.com/other", False)
+    await cluster_client.delete(res, name)
+    assert await api.get(cluster_client, res, name) is None
+
+
 async def test_crd_rejects_a_wrong_type(cluster_client: AsyncClient) -> None:
     res = api.logicalvolume_resource(NORMAL)
     bad = full_lv(NORMAL, unique("badtype"))

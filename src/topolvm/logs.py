@@ -40,9 +40,25 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+class FailedRequestsOnly(logging.Filter):
+    """The Kubernetes client's HTTP library logs every request at INFO, one line per API call:
+    noise for an operator and CPU on a busy node. Keep the failed ones (status 400 and up) and
+    whatever else it logs; ``--log-level debug`` shows them all."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if record.levelno != logging.INFO or not str(record.msg).startswith("HTTP Request"):
+            return True
+        if not isinstance(args, tuple) or len(args) < 4 or not isinstance(args[3], int):
+            return True
+        return args[3] >= 400
+
+
 def setup(level: str = "info", fmt: str = "json") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    if level.lower() != "debug":
+        handler.addFilter(FailedRequestsOnly())
     logging.Formatter.converter = __import__("time").gmtime
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -185,11 +185,14 @@ async def _read_modify_write(
     write: Write,
     *,
     attempts: int = CONFLICT_ATTEMPTS,
+    known: Obj | None = None,
 ) -> Obj | None:
     """Read, ``mutate``, ``write``; a 409 Conflict re-reads the object and applies ``mutate``
-    again. Returns the stored object (None if it no longer exists)."""
+    again. Returns the stored object (None if it no longer exists). ``known``: the object as the
+    caller has just read it; the first attempt starts from it instead of a GET (if it is out of
+    date, its resourceVersion makes the write a 409 and the next attempt reads)."""
     for attempt in range(1, attempts + 1):
-        current = await get(client, res, name)
+        current = known if attempt == 1 and known is not None else await get(client, res, name)
         if current is None:
             return None
         changed = copy.deepcopy(current)
@@ -216,11 +219,13 @@ async def modify(
     *,
     status: bool = False,
     attempts: int = CONFLICT_ATTEMPTS,
+    known: Obj | None = None,
 ) -> Obj | None:
     """Read-modify-write of a custom resource with its resourceVersion as precondition.
 
     ``status=True`` writes through the status subresource. A 409 Conflict re-reads the object and
-    applies ``mutate`` again. Returns the stored object (None if it no longer exists).
+    applies ``mutate`` again. Returns the stored object (None if it no longer exists). ``known``
+    saves the first read (see :func:`_read_modify_write`).
     """
 
     async def replace(_: Obj, changed: Obj) -> Obj:
@@ -228,7 +233,9 @@ async def modify(
             return to_dict(await client.replace(res.Status.from_dict(changed), name=name))
         return to_dict(await client.replace(res.from_dict(changed)))
 
-    return await _read_modify_write(client, res, name, mutate, replace, attempts=attempts)
+    return await _read_modify_write(
+        client, res, name, mutate, replace, attempts=attempts, known=known
+    )
 
 
 async def patch_merge(client: AsyncClient, res: Resource, name: str, patch: Obj, **kw: Any) -> Obj:
@@ -242,9 +249,16 @@ def finalizers(obj: Obj) -> list[str]:
 
 
 async def set_finalizer(
-    client: AsyncClient, res: Resource, name: str, finalizer: str, present: bool
+    client: AsyncClient,
+    res: Resource,
+    name: str,
+    finalizer: str,
+    present: bool,
+    *,
+    known: Obj | None = None,
 ) -> Obj | None:
-    """Add or remove one finalizer, keeping the others; conflict-safe. None if gone.
+    """Add or remove one finalizer, keeping the others; conflict-safe. None if gone. ``known``
+    saves the first read (see :func:`_read_modify_write`).
 
     A merge patch carrying the resourceVersion, not a replace: a Node must never lose fields
     that the client's model does not know.
@@ -270,4 +284,4 @@ async def set_finalizer(
                 return None
             raise
 
-    return await _read_modify_write(client, res, name, mutate, patch)
+    return await _read_modify_write(client, res, name, mutate, patch, known=known)

@@ -133,19 +133,34 @@ class LvmState:
             return False
         return lv.attr[:1] == "-" or lv.full_name in self._linear
 
-    async def settled(self, quiet: float, limit: float, poll: float = 0.02) -> None:
+    async def settled(self, quiet: float, limit: float) -> None:
         """Return once lvmd has made no change for ``quiet`` seconds and none runs, or after
         ``limit`` seconds whatever happens. A Watch report waits for this: it coalesces a burst
         into one message, and when the model's capacity is not exact its ``fullreport`` holds
-        :attr:`lock`, so one run between two back-to-back mutations would delay the second."""
+        :attr:`lock`, so one run between two back-to-back mutations would delay the second.
+        It sleeps, and waits on the lock while a mutation runs: no polling, which in a burst
+        would take CPU from the LVM commands."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + limit
         while not self.closing.is_set():
-            idle = time.monotonic() - self.last_change
-            now = loop.time()
-            if (idle >= quiet and not self.lock.locked()) or now >= deadline:
+            left = deadline - loop.time()
+            if left <= 0:
                 return
-            await asyncio.sleep(min(max(quiet - idle, poll), deadline - now))
+            if self.lock.locked():
+                try:
+                    await asyncio.wait_for(self._unlocked(), left)
+                except TimeoutError:
+                    return
+                continue
+            idle = time.monotonic() - self.last_change
+            if idle >= quiet:
+                return
+            await asyncio.sleep(min(quiet - idle, left))
+
+    async def _unlocked(self) -> None:
+        """Until the mutation that holds the lock (and those queued before this call) ends."""
+        async with self.lock:
+            pass
 
     # -- change notification (Watch) -------------------------------------------------------
 

@@ -31,16 +31,47 @@ class LogicalVolumeReconciler:
         self.node_name = node_name
         self.lvmd = lvmd
         self.resource = api.logicalvolume_resource(names)
+        # name -> resourceVersion of this node's last write to it. A reconcile acts on the
+        # state it writes before it returns (or fails and is retried), so the echo of that
+        # write needs no second reconcile.
+        self._written: dict[str, str] = {}
 
     # -- wiring -------------------------------------------------------------------------------
     def watch(self, informer: Informer, controller: Controller) -> None:
-        """Queue every LogicalVolume of this node on each change the informer sees."""
+        """Queue this node's LogicalVolumes when a change the informer sees may need work."""
 
         def on_event(event: str, obj: api.Obj) -> None:
-            if (obj.get("spec") or {}).get("nodeName") == self.node_name:
-                controller.enqueue(obj["metadata"]["name"])
+            name, version = obj["metadata"]["name"], obj["metadata"].get("resourceVersion")
+            if event == "DELETED":
+                self._written.pop(name, None)
+                return
+            own_echo = version == self._written.get(name)
+            if not own_echo and self.needs_work(obj):
+                controller.enqueue(name)
 
         informer.add_handler(on_event)
+
+    def needs_work(self, obj: api.Obj) -> bool:
+        """Whether an object the informer saw may need this node to act. False for other nodes'
+        objects and for one that is done: finalized, created, as large as asked and not being
+        deleted (the echo of this node's own status write, every resync). A deleted object
+        needs nothing either: its finalizer went only after its LV."""
+        try:
+            lv = LogicalVolumeObject.from_dict(obj)
+        except (InvalidQuantity, KeyError, TypeError, ValueError):
+            return (obj.get("spec") or {}).get("nodeName") == self.node_name  # reconcile logs it
+        if lv.node_name != self.node_name:
+            return False
+        label, value = CREATED_BY_LABEL
+        done = (
+            not lv.deleting
+            and self.names.lv_finalizer in lv.finalizers
+            and lv.labels.get(label) == value
+            and bool(lv.volume_id)
+            and lv.current_size is not None
+            and lv.size <= lv.current_size
+        )
+        return not done
 
     # -- reconcile ----------------------------------------------------------------------------
     async def reconcile(self, name: str) -> Result | None:
@@ -59,7 +90,7 @@ class LogicalVolumeReconciler:
             log.info("LogicalVolume is pending deletion with its node; skipping", extra=ctx)
             return None
         if lv.deleting:
-            await self._finalize(lv)
+            await self._finalize(lv, obj)
             return None
         label, value = CREATED_BY_LABEL
         if self.names.lv_finalizer not in lv.finalizers or lv.labels.get(label) != value:
@@ -76,15 +107,17 @@ class LogicalVolumeReconciler:
                 meta["labels"] = {**labels, label: value}
                 return True
 
-            if await api.modify(self.client, self.resource, name, mark) is None:
+            stored = await api.modify(self.client, self.resource, name, mark, known=obj)
+            if stored is None:
                 return None
+            self._wrote(stored)
         if not lv.volume_id:
             await self._create(lv)
         else:
             await self._expand(lv)
         return None
 
-    async def _finalize(self, lv: LogicalVolumeObject) -> None:
+    async def _finalize(self, lv: LogicalVolumeObject, obj: api.Obj) -> None:
         if self.names.lv_finalizer not in lv.finalizers:
             return
         try:
@@ -94,7 +127,9 @@ class LogicalVolumeReconciler:
             if e.code != grpc.StatusCode.NOT_FOUND:
                 raise ReconcileError(f"failed to remove LV {lv.uid}: {e}") from e
             log.info("LV already removed", extra={"lv": lv.name, "uid": lv.uid})
-        await api.set_finalizer(self.client, self.resource, lv.name, self.names.lv_finalizer, False)
+        await api.set_finalizer(
+            self.client, self.resource, lv.name, self.names.lv_finalizer, False, known=obj
+        )
 
     async def _create(self, lv: LogicalVolumeObject) -> None:
         if lv.code != 0:
@@ -181,6 +216,10 @@ class LogicalVolumeReconciler:
     ) -> None:
         await self._set_status(lv.name, lv.volume_id, code.value[0], message, lv.current_size)
 
+    def _wrote(self, stored: api.Obj) -> None:
+        meta = stored["metadata"]
+        self._written[meta["name"]] = str(meta.get("resourceVersion") or "")
+
     async def _set_status(
         self, name: str, volume_id: str, code: int, message: str, current_size: int | None
     ) -> None:
@@ -192,7 +231,9 @@ class LogicalVolumeReconciler:
         # one merge patch of the status subresource: set fields are written, the others
         # (null) removed; only this node writes the status of its LogicalVolumes
         try:
-            await api.patch_merge(self.client, self.resource.Status, name, {"status": wanted})
+            self._wrote(
+                await api.patch_merge(self.client, self.resource.Status, name, {"status": wanted})
+            )
         except ApiError as e:
             if not api.is_not_found(e):
                 raise
