@@ -134,6 +134,21 @@ async def test_status_write_lost_then_restart_creates_once(env: Env) -> None:
     assert len(failed) >= 4  # three injected failures, then the write that stuck
 
 
+async def test_an_adopted_smaller_lv_is_grown_in_the_same_pass(env: Env) -> None:
+    """A crash after lvcreate, then spec.size grew: the LV is adopted and expanded at once."""
+    uid = await env.create_lv("pvc-adopt", "2Gi")
+    lvm("lvcreate", "-n", uid, "-L", "1g", "-W", "y", "-y", "vg1")  # made before the crash
+    env.start_node()
+
+    def grown() -> dict[str, Any] | None:
+        st = (env.lv("pvc-adopt") or {}).get("status") or {}
+        return st if st.get("currentSize") == "2Gi" else None
+
+    status = await env.wait_for("currentSize 2Gi", grown)
+    assert status["volumeID"] == uid and not status.get("code")
+    assert int(lvs()[uid]["lv_size"]) == 2 * GiB
+
+
 async def test_conflicts_during_status_update_are_retried(env: Env) -> None:
     env.kube.inject("PATCH", "logicalvolumes", subresource="status", code=409, times=3)
     env.start_node()

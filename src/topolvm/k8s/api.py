@@ -190,7 +190,9 @@ async def _read_modify_write(
     """Read, ``mutate``, ``write``; a 409 Conflict re-reads the object and applies ``mutate``
     again. Returns the stored object (None if it no longer exists). ``known``: the object as the
     caller has just read it; the first attempt starts from it instead of a GET (if it is out of
-    date, its resourceVersion makes the write a 409 and the next attempt reads)."""
+    date, its resourceVersion makes the write a 409 and the next attempt reads). A ``mutate``
+    that finds nothing to change in ``known`` writes nothing, so no 409 can correct it: pass
+    ``known`` only where that answer is safe on a stale object."""
     for attempt in range(1, attempts + 1):
         current = known if attempt == 1 and known is not None else await get(client, res, name)
         if current is None:

@@ -148,7 +148,8 @@ class LvmState:
                 return
             if self.lock.locked():
                 try:
-                    await asyncio.wait_for(self._unlocked(), left)
+                    async with asyncio.timeout(left):
+                        await self._unlocked()
                 except TimeoutError:
                     return
                 continue

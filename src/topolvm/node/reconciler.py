@@ -9,6 +9,7 @@ has a deletionTimestamp, and the finalizer is removed only after the LV is gone.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -96,7 +97,11 @@ class LogicalVolumeReconciler:
         if self.names.lv_finalizer not in lv.finalizers or lv.labels.get(label) != value:
             # finalizer and created-by label in one conflict-safe write
 
+            wrote = False
+
             def mark(o: api.Obj) -> bool:
+                nonlocal wrote
+                wrote = False
                 meta = o["metadata"]
                 finalizers = list(meta.get("finalizers") or [])
                 labels = dict(meta.get("labels") or {})
@@ -105,12 +110,14 @@ class LogicalVolumeReconciler:
                 if self.names.lv_finalizer not in finalizers:
                     meta["finalizers"] = [*finalizers, self.names.lv_finalizer]
                 meta["labels"] = {**labels, label: value}
+                wrote = True
                 return True
 
             stored = await api.modify(self.client, self.resource, name, mark, known=obj)
             if stored is None:
                 return None
-            self._wrote(stored)
+            if wrote:  # not another writer's version, when a retry found nothing to change
+                self._wrote(stored)
         if not lv.volume_id:
             await self._create(lv)
         else:
@@ -155,6 +162,8 @@ class LogicalVolumeReconciler:
             if existing is not None:
                 log.info("adopting existing LV", extra={"lv": lv.name, "uid": lv.uid})
                 await self._set_status(lv.name, lv.uid, 0, "", existing.size_bytes)
+                # in this pass: the echo of that status write is not reconciled again
+                await self._expand(replace(lv, volume_id=lv.uid, current_size=existing.size_bytes))
                 return
             await self._set_failure(lv, e.code, e.message)
             raise ReconcileError(f"failed to create LV {lv.uid}: {e}") from e
