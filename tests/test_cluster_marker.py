@@ -221,7 +221,7 @@ async def test_resource_comes_back_after_removal_or_reset_and_false_removes_it(
         drop_node(control_plane, node)
 
 
-async def test_a_node_being_deleted_is_not_touched(
+async def test_a_node_being_deleted_gets_no_more_updates(
     control_plane: ControlPlane, cluster_client: AsyncClient, make_exporter: MakeExporter
 ) -> None:
     node = f"{unique('deleting')}-n1"

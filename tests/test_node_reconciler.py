@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -14,12 +15,13 @@ from typing import Any
 
 import pytest
 from lightkube import AsyncClient
+from lightkube.types import PatchType
 
 from tests.helpers import eventually
 from tests.kube_emulator import KubeEmulator
 from tests.kube_fixtures import kube  # noqa: F401
 from tests.lvm_fixtures import THICK, THIN, VolumeGroups, lvm
-from topolvm.constants import NORMAL, Names
+from topolvm.constants import CREATED_BY_LABEL, NORMAL, Names
 from topolvm.k8s import api
 from topolvm.k8s.runtime import Controller, Informer
 from topolvm.node.lvmd_client import SocketLvmd
@@ -78,12 +80,17 @@ class Env:
         result: dict[str, Any] = await self.wait_for(f"status of {name}", status, timeout)
         return result
 
-    def start_node(self) -> None:
-        """Start (or restart) the reconciler the way topolvm-node wires it."""
+    def wire_node(self) -> tuple[LogicalVolumeReconciler, Informer, Controller]:
+        """The reconciler wired the way topolvm-node wires it, not started."""
         self.reconciler = LogicalVolumeReconciler(self.client, self.names, NODE, self.lvmd)
         informer = Informer(self.client, api.logicalvolume_resource(self.names), resync=30)
         controller = Controller("logicalvolume", self.reconciler.reconcile, base_backoff=0.05)
         self.reconciler.watch(informer, controller)
+        return self.reconciler, informer, controller
+
+    def start_node(self, wired: tuple[Any, Informer, Controller] | None = None) -> None:
+        """Start (or restart) the reconciler the way topolvm-node does."""
+        _, informer, controller = wired or self.wire_node()
         self.tasks += [asyncio.create_task(informer.run()), asyncio.create_task(controller.run())]
 
     async def stop_tasks(self) -> None:
@@ -146,6 +153,99 @@ async def test_an_adopted_smaller_lv_is_grown_in_the_same_pass(env: Env) -> None
 
     status = await env.wait_for("currentSize 2Gi", grown)
     assert status["volumeID"] == uid and not status.get("code")
+    assert int(lvs()[uid]["lv_size"]) == 2 * GiB
+
+
+async def test_a_volume_costs_the_node_writes_only(env: Env) -> None:
+    """Reconciles work from the informer's cache: a volume's life costs the node one write for
+    its finalizer and label, one status write and one finalizer removal, and no read of it."""
+    env.start_node()
+    uid = await env.create_lv("pvc-cost", "1Gi")
+    await env.wait_status("pvc-cost")
+    res = api.logicalvolume_resource(env.names)
+    await env.client.delete(res, "pvc-cost")
+    await env.wait_for("LogicalVolume gone", lambda: env.lv("pvc-cost") is None)
+    assert uid not in lvs()
+    by_node = [
+        (r.method, r.path.rsplit("/logicalvolumes/", 1)[1])
+        for r in env.kube.requests
+        if "/logicalvolumes/pvc-cost" in r.path and r.method != "DELETE"  # the test's delete
+    ]  # fmt: skip
+    assert by_node == [("PUT", "pvc-cost"), ("PATCH", "pvc-cost/status"), ("PATCH", "pvc-cost")]
+
+
+async def test_a_late_event_never_writes_a_failure_over_a_created_volume(env: Env) -> None:
+    """The informer delivers a version from before the node's own status write late, and lvmd
+    is unreachable when it is reconciled. The node reads the object again (its cache is behind
+    its own write) and finds nothing to do; acting on the old copy would retry the create and
+    write lvmd's error over a volume that exists."""
+    reconciler, informer, controller = env.wire_node()
+    env.start_node((reconciler, informer, controller))
+    uid = await env.create_lv("pvc-late", "1Gi")
+    created = await env.wait_status("pvc-late")
+    await env.stop_tasks()
+    late = copy.deepcopy(informer.get("pvc-late"))
+    assert late is not None
+    late.pop("status", None)
+    late["metadata"]["resourceVersion"] = str(int(late["metadata"]["resourceVersion"]) - 1)
+    informer.cache["pvc-late"] = late
+    reconciler.lvmd = gone = SocketLvmd(env.socket + ".gone")  # lvmd restarting: UNAVAILABLE
+    try:
+        assert await reconciler.reconcile("pvc-late") is None
+    finally:
+        await gone.close()
+    assert (env.lv("pvc-late") or {}).get("status") == created
+    assert uid in lvs()
+
+
+async def test_a_failed_create_stays_final_after_a_late_event(env: Env) -> None:
+    """The node's last write was a failure (too large for the VG); a version from before it
+    arrives late: the node reads the object again and does not try the create a second time."""
+    reconciler, informer, controller = env.wire_node()
+    env.start_node((reconciler, informer, controller))
+    await env.create_lv("pvc-huge", "100Gi")
+    failed = await env.wait_status("pvc-huge")
+    assert failed["code"] == 8  # RESOURCE_EXHAUSTED
+    await env.stop_tasks()
+    late = copy.deepcopy(informer.get("pvc-huge"))
+    assert late is not None
+    late.pop("status", None)
+    late["metadata"]["resourceVersion"] = str(int(late["metadata"]["resourceVersion"]) - 1)
+    informer.cache["pvc-huge"] = late
+    before = len(env.kube.requests)
+
+    assert await reconciler.reconcile("pvc-huge") is None
+    assert [r.method for r in env.kube.requests[before:]] == ["GET"]
+    assert (env.lv("pvc-huge") or {}).get("status") == failed
+
+
+async def test_a_size_raised_during_the_create_is_acted_on(env: Env) -> None:
+    """spec.size grows after the copy the node creates the LV from: the status write lands on
+    the larger object, and its echo is reconciled (not skipped as the node's own) to grow it."""
+    res = api.logicalvolume_resource(env.names)
+    label, value = CREATED_BY_LABEL
+    created = await env.client.create(
+        res.from_dict({
+            "apiVersion": f"{env.group}/v1", "kind": "LogicalVolume",
+            "metadata": {"name": "pvc-grow", "finalizers": [env.names.lv_finalizer],
+                         "labels": {label: value}},
+            "spec": {"name": "pvc-grow", "nodeName": NODE, "size": "1Gi", "deviceClass": "ssd"},
+        })
+    )  # fmt: skip
+    uid = api.to_dict(created)["metadata"]["uid"]
+    reconciler, informer, controller = env.wire_node()
+    await informer.relist()  # the cache holds the 1Gi version
+    await env.client.patch(res, "pvc-grow", {"spec": {"size": "2Gi"}}, patch_type=PatchType.MERGE)
+    await reconciler.reconcile("pvc-grow")  # from the cache: creates 1Gi
+    assert int(lvs()[uid]["lv_size"]) == GiB
+
+    env.start_node((reconciler, informer, controller))
+
+    def grown() -> dict[str, Any] | None:
+        st = (env.lv("pvc-grow") or {}).get("status") or {}
+        return st if st.get("currentSize") == "2Gi" else None
+
+    await env.wait_for("currentSize 2Gi", grown, timeout=20)
     assert int(lvs()[uid]["lv_size"]) == 2 * GiB
 
 

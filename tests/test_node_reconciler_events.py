@@ -92,14 +92,17 @@ class Handlers:
         self.queued.append(key)
 
 
-def test_the_echo_of_its_own_write_is_not_queued() -> None:
+def test_the_echo_of_its_own_write_and_older_versions_are_not_queued() -> None:
     r = reconciler()
     events = Handlers()
     r.watch(events, events)  # type: ignore[arg-type]
     obj = done_lv()
     del obj["status"]  # the finalizer write's echo: no volume yet, but the writer goes on
     obj["metadata"]["resourceVersion"] = "5"
-    r._wrote(obj)
+    r._acted["pvc-1"] = 5  # as the finalizer write records it
+    events.handler("MODIFIED", obj)
+    assert events.queued == []
+    obj["metadata"]["resourceVersion"] = "4"  # a late event from before it: superseded
     events.handler("MODIFIED", obj)
     assert events.queued == []
     obj["metadata"]["resourceVersion"] = "6"  # somebody else's change after it

@@ -39,7 +39,9 @@ def object_key(obj: Obj) -> str:
     return f"{ns}/{meta['name']}" if ns else str(meta["name"])
 
 
-def _rv(obj: Obj) -> int:
+def resource_version(obj: Obj) -> int:
+    """``metadata.resourceVersion`` as a number (etcd's revision), 0 when absent or not one.
+    Kubernetes calls it opaque; the API server this runs against gives revisions."""
     try:
         return int(obj.get("metadata", {}).get("resourceVersion") or 0)
     except ValueError:
@@ -105,7 +107,7 @@ class Informer:
             self.cache.pop(key, None)
         else:
             old = self.cache.get(key)
-            if old is not None and _rv(old) > _rv(obj) > 0:
+            if old is not None and resource_version(old) > resource_version(obj) > 0:
                 return  # an older version than we already have (relist raced a watch)
             self.cache[key] = obj
             event = "MODIFIED" if old is not None else "ADDED"

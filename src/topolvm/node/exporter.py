@@ -1,13 +1,18 @@
 """Publishes this node's free capacity: Node annotations and Prometheus gauges (spec §9.1, §9.2).
 
 Every message of lvmd's Watch stream (at start, after each LV change, at least every 10 minutes)
-updates the gauges and merge-patches the Node: the ``<p>/node`` finalizer and one
-``capacity.<p>/<device-class>`` annotation per class (``00default`` for the default class).
-It also keeps ``<plugin>/capacity`` advertised as an extended resource of the Node (or removed,
-with ``--advertise-capacity-resource=false``; see :mod:`topolvm.node.extresource`): at start
-and on every message, from the Node it has just read, so a count that something removed or
-zeroed comes back with the next capacity refresh. Once the Node has a deletionTimestamp the
-exporter stops touching it.
+updates the gauges and merge-patches the Node: one ``capacity.<p>/<device-class>`` annotation
+per class (``00default`` for the default class), and the ``<p>/node`` finalizer when the Node
+lacks it. It also keeps ``<plugin>/capacity`` advertised as an extended resource of the Node (or
+removed, with ``--advertise-capacity-resource=false``; see :mod:`topolvm.node.extresource`): at
+start and on every message, so a count that something removed or zeroed comes back with the
+next capacity refresh.
+
+The first message after start (or after a failed update) reads the Node first, and a Node that
+is being deleted is not written at all. After that the annotation patch comes first and its
+answer, the Node as stored, is what the rest reads: one request per message in the steady
+state, not a GET and a patch. Once the Node has a deletionTimestamp, the exporter writes nothing
+after the annotation patch whose answer shows it.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import asyncio
 import logging
 
 import grpc
-from lightkube import AsyncClient
+from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Node
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -99,29 +104,51 @@ class CapacityExporter:
         self.advertise_resource = advertise_resource
         self.updates = 0  # Node patches sent, for diagnostics and tests
         self.stopped = asyncio.Event()  # set once the Node is being deleted
+        self._published = False  # the last message went through: no read before the next
 
     async def publish(self, msg: pb.WatchResponse) -> bool:
-        """Update gauges and the Node; False once the Node is being deleted (or is gone)."""
+        """Update gauges and the Node; False once the Node is being deleted."""
         self.metrics.update(msg)
-        node = await api.get(self.client, Node, self.node_name)
-        if node is None:
-            log.warning(
-                "Node object not found; capacity not published", extra={"node": self.node_name}
-            )
-            return True
-        if node.get("metadata", {}).get("deletionTimestamp"):
-            log.info(
-                "Node is being deleted; no more capacity updates", extra={"node": self.node_name}
-            )
-            return False
-        if self.names.node_finalizer not in api.finalizers(node):
-            await api.set_finalizer(
-                self.client, Node, self.node_name, self.names.node_finalizer, True
-            )
+        published, self._published = self._published, False  # again once every step succeeded
+        if not published:
+            known = await api.get(self.client, Node, self.node_name)
+            if known is None:
+                return self._missing()
+            if self._deleting(known):
+                return False
+            await self._ensure_finalizer(known)  # before the annotations: never one without it
         patch = {"metadata": {"annotations": node_annotations(self.names, msg)}}
-        await api.patch_merge(self.client, Node, self.node_name, patch)
+        try:
+            node = await api.patch_merge(self.client, Node, self.node_name, patch)
+        except ApiError as e:
+            if not api.is_not_found(e):
+                raise
+            return self._missing()
         self.updates += 1
+        if self._deleting(node):
+            return False
+        node = await self._ensure_finalizer(node)
         await self.sync_resource(node)
+        self._published = True
+        return True
+
+    async def _ensure_finalizer(self, node: api.Obj) -> api.Obj:
+        """Add the ``<p>/node`` finalizer if ``node`` (as just read or written) lacks it."""
+        if self.names.node_finalizer in api.finalizers(node):
+            return node
+        stored = await api.set_finalizer(
+            self.client, Node, self.node_name, self.names.node_finalizer, True, known=node
+        )
+        return stored or node
+
+    def _missing(self) -> bool:
+        log.warning("Node object not found; capacity not published", extra={"node": self.node_name})
+        return True
+
+    def _deleting(self, node: api.Obj) -> bool:
+        if not node.get("metadata", {}).get("deletionTimestamp"):
+            return False
+        log.info("Node is being deleted; no more capacity updates", extra={"node": self.node_name})
         return True
 
     async def sync_resource(self, node: api.Obj | None = None) -> None:

@@ -1,9 +1,11 @@
 """Makes LogicalVolume objects for this node real through lvmd (spec §5.1, node side).
 
-The reconcile is level-triggered and idempotent: it reads the object fresh from the API, and
-lvmd's CreateLV succeeds for an LV that already exists with the same size, so a restart at any
-point neither creates an LV twice nor loses one. An LV is removed only after its LogicalVolume
-has a deletionTimestamp, and the finalizer is removed only after the LV is gone.
+The reconcile is level-triggered and idempotent: it acts on the object as the informer's cache
+holds it, as controller-runtime does (but reads it from the API while the cache is older than
+this node's own last write to it), and lvmd's CreateLV succeeds for an LV that already exists
+with the same size, so a restart at any point neither creates an LV twice nor loses one. An LV
+is removed only after its LogicalVolume has a deletionTimestamp, and the finalizer is removed
+only after the LV is gone.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from lightkube import ApiError, AsyncClient
 from topolvm.constants import CREATED_BY_LABEL, Names
 from topolvm.k8s import api
 from topolvm.k8s.logicalvolume import InvalidQuantity, LogicalVolumeObject, status_dict
-from topolvm.k8s.runtime import Controller, Informer, ReconcileError, Result
+from topolvm.k8s.runtime import Controller, Informer, ReconcileError, Result, resource_version
 from topolvm.node.lvmd_client import LvmdCallError, LvmdClient
 from topolvm.proto import lvmd_pb2 as pb
 
@@ -32,22 +34,29 @@ class LogicalVolumeReconciler:
         self.node_name = node_name
         self.lvmd = lvmd
         self.resource = api.logicalvolume_resource(names)
-        # name -> resourceVersion of this node's last write to it. A reconcile acts on the
-        # state it writes before it returns (or fails and is retried), so the echo of that
-        # write needs no second reconcile.
-        self._written: dict[str, str] = {}
+        # name -> resourceVersion of this node's last write to it: a cached copy older than
+        # that is out of date.
+        self._floor: dict[str, int] = {}
+        # name -> resourceVersion of this node's last write whose pass went on from the object
+        # as stored (the finalizer write) or whose stored object needs nothing more (a status
+        # write): that version and older ones need no reconcile of their own.
+        self._acted: dict[str, int] = {}
+        self._informer: Informer | None = None  # set by watch(); without it, reads are GETs
 
     # -- wiring -------------------------------------------------------------------------------
     def watch(self, informer: Informer, controller: Controller) -> None:
-        """Queue this node's LogicalVolumes when a change the informer sees may need work."""
+        """Queue this node's LogicalVolumes when a change the informer sees may need work, and
+        read them from its cache from then on."""
+        self._informer = informer
 
         def on_event(event: str, obj: api.Obj) -> None:
-            name, version = obj["metadata"]["name"], obj["metadata"].get("resourceVersion")
+            name, version = obj["metadata"]["name"], resource_version(obj)
             if event == "DELETED":
-                self._written.pop(name, None)
+                self._floor.pop(name, None)
+                self._acted.pop(name, None)
                 return
-            own_echo = version == self._written.get(name)
-            if not own_echo and self.needs_work(obj):
+            superseded = 0 < version <= self._acted.get(name, 0)
+            if not superseded and self.needs_work(obj):
                 controller.enqueue(name)
 
         informer.add_handler(on_event)
@@ -75,10 +84,27 @@ class LogicalVolumeReconciler:
         return not done
 
     # -- reconcile ----------------------------------------------------------------------------
+    async def _read(self, name: str) -> api.Obj | None:
+        """The object from the informer's cache once it has listed (only events from it queue
+        work, so the cache holds at least the version that queued this reconcile), else a GET;
+        a GET too while the cache is older than this node's own last write to the object: its
+        status writes are merge patches without a resourceVersion, so acting on an older copy
+        could write a failure over a volume that exists."""
+        informer = self._informer
+        if informer is not None and informer.synced.is_set():
+            cached = informer.get(name)
+            if cached is None or resource_version(cached) >= self._floor.get(name, 0):
+                return cached
+        return await api.get(self.client, self.resource, name)
+
     async def reconcile(self, name: str) -> Result | None:
-        obj = await api.get(self.client, self.resource, name)
+        obj = await self._read(name)
         if obj is None:
             return None
+        return await self._reconcile(obj)
+
+    async def _reconcile(self, obj: api.Obj, marked: bool = False) -> Result | None:
+        name = str(obj["metadata"]["name"])
         try:
             lv = LogicalVolumeObject.from_dict(obj)
         except (InvalidQuantity, KeyError, TypeError, ValueError) as e:
@@ -95,6 +121,8 @@ class LogicalVolumeReconciler:
             return None
         label, value = CREATED_BY_LABEL
         if self.names.lv_finalizer not in lv.finalizers or lv.labels.get(label) != value:
+            if marked:  # the write this pass just made did not stick: start over
+                raise ReconcileError(f"the finalizer or label of {name} did not stick")
             # finalizer and created-by label in one conflict-safe write
 
             wrote = False
@@ -117,7 +145,10 @@ class LogicalVolumeReconciler:
             if stored is None:
                 return None
             if wrote:  # not another writer's version, when a retry found nothing to change
-                self._wrote(stored)
+                self._floor[name] = self._acted[name] = resource_version(stored)
+            # on from the object as stored, which has both (and whatever else changed since
+            # the copy this pass started from): so the echo of that write needs nothing
+            return await self._reconcile(stored, marked=True)
         if not lv.volume_id:
             await self._create(lv)
         else:
@@ -162,7 +193,8 @@ class LogicalVolumeReconciler:
             if existing is not None:
                 log.info("adopting existing LV", extra={"lv": lv.name, "uid": lv.uid})
                 await self._set_status(lv.name, lv.uid, 0, "", existing.size_bytes)
-                # in this pass: the echo of that status write is not reconciled again
+                # in this pass, from the copy just adopted (the expand's status write is the
+                # last one)
                 await self._expand(replace(lv, volume_id=lv.uid, current_size=existing.size_bytes))
                 return
             await self._set_failure(lv, e.code, e.message)
@@ -225,10 +257,6 @@ class LogicalVolumeReconciler:
     ) -> None:
         await self._set_status(lv.name, lv.volume_id, code.value[0], message, lv.current_size)
 
-    def _wrote(self, stored: api.Obj) -> None:
-        meta = stored["metadata"]
-        self._written[meta["name"]] = str(meta.get("resourceVersion") or "")
-
     async def _set_status(
         self, name: str, volume_id: str, code: int, message: str, current_size: int | None
     ) -> None:
@@ -240,9 +268,17 @@ class LogicalVolumeReconciler:
         # one merge patch of the status subresource: set fields are written, the others
         # (null) removed; only this node writes the status of its LogicalVolumes
         try:
-            self._wrote(
-                await api.patch_merge(self.client, self.resource.Status, name, {"status": wanted})
+            stored = await api.patch_merge(
+                self.client, self.resource.Status, name, {"status": wanted}
             )
         except ApiError as e:
             if not api.is_not_found(e):
                 raise
+            return
+        # The patch carries no resourceVersion, so the stored object may hold another writer's
+        # change (a larger spec.size, a deletionTimestamp) that this pass did not act on: then
+        # its echo must be reconciled.
+        version = resource_version(stored)
+        self._floor[name] = version
+        if not self.needs_work(stored):
+            self._acted[name] = version
