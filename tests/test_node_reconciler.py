@@ -174,6 +174,16 @@ async def test_a_volume_costs_the_node_writes_only(env: Env) -> None:
     assert by_node == [("PUT", "pvc-cost"), ("PATCH", "pvc-cost/status"), ("PATCH", "pvc-cost")]
 
 
+def deliver_late(informer: Informer, name: str) -> None:
+    """Put into the informer's cache the version before the last one, without its status, as a
+    watch event that arrives late leaves it."""
+    late = copy.deepcopy(informer.get(name))
+    assert late is not None
+    late.pop("status", None)
+    late["metadata"]["resourceVersion"] = str(int(late["metadata"]["resourceVersion"]) - 1)
+    informer.cache[name] = late
+
+
 async def test_a_late_event_never_writes_a_failure_over_a_created_volume(env: Env) -> None:
     """The informer delivers a version from before the node's own status write late, and lvmd
     is unreachable when it is reconciled. The node reads the object again (its cache is behind
@@ -184,11 +194,7 @@ async def test_a_late_event_never_writes_a_failure_over_a_created_volume(env: En
     uid = await env.create_lv("pvc-late", "1Gi")
     created = await env.wait_status("pvc-late")
     await env.stop_tasks()
-    late = copy.deepcopy(informer.get("pvc-late"))
-    assert late is not None
-    late.pop("status", None)
-    late["metadata"]["resourceVersion"] = str(int(late["metadata"]["resourceVersion"]) - 1)
-    informer.cache["pvc-late"] = late
+    deliver_late(informer, "pvc-late")
     reconciler.lvmd = gone = SocketLvmd(env.socket + ".gone")  # lvmd restarting: UNAVAILABLE
     try:
         assert await reconciler.reconcile("pvc-late") is None
@@ -207,11 +213,7 @@ async def test_a_failed_create_stays_final_after_a_late_event(env: Env) -> None:
     failed = await env.wait_status("pvc-huge")
     assert failed["code"] == 8  # RESOURCE_EXHAUSTED
     await env.stop_tasks()
-    late = copy.deepcopy(informer.get("pvc-huge"))
-    assert late is not None
-    late.pop("status", None)
-    late["metadata"]["resourceVersion"] = str(int(late["metadata"]["resourceVersion"]) - 1)
-    informer.cache["pvc-huge"] = late
+    deliver_late(informer, "pvc-huge")
     before = len(env.kube.requests)
 
     assert await reconciler.reconcile("pvc-huge") is None
