@@ -72,16 +72,13 @@ class LogicalVolumeReconciler:
             return (obj.get("spec") or {}).get("nodeName") == self.node_name  # reconcile logs it
         if lv.node_name != self.node_name:
             return False
+        done = self._marked(lv) and bool(lv.volume_id) and _as_large_as_asked(lv)
+        return lv.deleting or not done
+
+    def _marked(self, lv: LogicalVolumeObject) -> bool:
+        """It carries this node's finalizer and the created-by label."""
         label, value = CREATED_BY_LABEL
-        done = (
-            not lv.deleting
-            and self.names.lv_finalizer in lv.finalizers
-            and lv.labels.get(label) == value
-            and bool(lv.volume_id)
-            and lv.current_size is not None
-            and lv.size <= lv.current_size
-        )
-        return not done
+        return self.names.lv_finalizer in lv.finalizers and lv.labels.get(label) == value
 
     # -- reconcile ----------------------------------------------------------------------------
     async def _read(self, name: str) -> api.Obj | None:
@@ -119,33 +116,12 @@ class LogicalVolumeReconciler:
         if lv.deleting:
             await self._finalize(lv, obj)
             return None
-        label, value = CREATED_BY_LABEL
-        if self.names.lv_finalizer not in lv.finalizers or lv.labels.get(label) != value:
+        if not self._marked(lv):
             if marked:  # the write this pass just made did not stick: start over
                 raise ReconcileError(f"the finalizer or label of {name} did not stick")
-            # finalizer and created-by label in one conflict-safe write
-
-            wrote = False
-
-            def mark(o: api.Obj) -> bool:
-                nonlocal wrote
-                wrote = False
-                meta = o["metadata"]
-                finalizers = list(meta.get("finalizers") or [])
-                labels = dict(meta.get("labels") or {})
-                if self.names.lv_finalizer in finalizers and labels.get(label) == value:
-                    return False
-                if self.names.lv_finalizer not in finalizers:
-                    meta["finalizers"] = [*finalizers, self.names.lv_finalizer]
-                meta["labels"] = {**labels, label: value}
-                wrote = True
-                return True
-
-            stored = await api.modify(self.client, self.resource, name, mark, known=obj)
+            stored = await self._mark(name, obj)
             if stored is None:
                 return None
-            if wrote:  # not another writer's version, when a retry found nothing to change
-                self._floor[name] = self._acted[name] = resource_version(stored)
             # on from the object as stored, which has both (and whatever else changed since
             # the copy this pass started from): so the echo of that write needs nothing
             return await self._reconcile(stored, marked=True)
@@ -154,6 +130,33 @@ class LogicalVolumeReconciler:
         else:
             await self._expand(lv)
         return None
+
+    async def _mark(self, name: str, obj: api.Obj) -> api.Obj | None:
+        """Add the finalizer and the created-by label in one conflict-safe write, starting from
+        ``obj``; the object as stored (None if it is gone)."""
+        label, value = CREATED_BY_LABEL
+        wrote = False
+
+        def mark(o: api.Obj) -> bool:
+            nonlocal wrote
+            wrote = False
+            meta = o["metadata"]
+            finalizers = list(meta.get("finalizers") or [])
+            labels = dict(meta.get("labels") or {})
+            if self.names.lv_finalizer in finalizers and labels.get(label) == value:
+                return False
+            if self.names.lv_finalizer not in finalizers:
+                meta["finalizers"] = [*finalizers, self.names.lv_finalizer]
+            meta["labels"] = {**labels, label: value}
+            wrote = True
+            return True
+
+        stored = await api.modify(self.client, self.resource, name, mark, known=obj)
+        # not another writer's version (a retry that found nothing to change); the caller goes
+        # on from the stored object, so that version is acted on
+        if stored is not None and wrote:
+            self._floor[name] = self._acted[name] = resource_version(stored)
+        return stored
 
     async def _finalize(self, lv: LogicalVolumeObject, obj: api.Obj) -> None:
         if self.names.lv_finalizer not in lv.finalizers:
@@ -229,7 +232,7 @@ class LogicalVolumeReconciler:
         return int(resp.snapshot.size_bytes)
 
     async def _expand(self, lv: LogicalVolumeObject) -> None:
-        if lv.current_size is not None and lv.size <= lv.current_size:
+        if _as_large_as_asked(lv):
             return
         try:
             resp = await self.lvmd.resize_lv(
@@ -282,3 +285,7 @@ class LogicalVolumeReconciler:
         self._floor[name] = version
         if not self.needs_work(stored):
             self._acted[name] = version
+
+
+def _as_large_as_asked(lv: LogicalVolumeObject) -> bool:
+    return lv.current_size is not None and lv.size <= lv.current_size
