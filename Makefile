@@ -4,10 +4,13 @@ SHELL := /bin/bash
 
 VENV := .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := user-mode-linux lvm2 kmod xfsprogs btrfs-progs e2fsprogs iproute2 util-linux
+# lvm2 ... util-linux run inside the UML guests (their root is the host's filesystem); the rest
+# builds the guests' kernel (devtools/umlkernel.py; Debian's user-mode-linux panics on AMX hosts).
+APT_PACKAGES := lvm2 kmod xfsprogs btrfs-progs e2fsprogs iproute2 util-linux \
+	build-essential flex bison bc patch xz-utils
 STAMP := $(VENV)/.installed
 
-.PHONY: help deps apt venv gotools tools lint typecheck test test-unit demo demo-lvmd image bench bench-scheduler cluster-up cluster-down clean
+.PHONY: help deps apt venv gotools tools umlkernel lint typecheck test test-unit demo demo-lvmd image bench bench-scheduler cluster-up cluster-down clean
 
 help:
 	@echo "make demo   - a real control plane, helm install of charts/topolvm, a Vault StatefulSet on 3 UML"
@@ -31,6 +34,12 @@ gotools: venv
 tools: venv
 	@$(PY) -m devtools.helm >/dev/null
 	@$(PY) -m devtools.image >/dev/null
+
+# The test bed's User-Mode Linux kernel: Debian's linux-source-6.12 (apt-get download), patched
+# and configured by devtools/kernel/, built into ~/.cache/topolvm/umlkernel/ (about 4 min cold;
+# a warm run only checks). docs/testing.md says why.
+umlkernel: deps
+	@$(PY) -m devtools.uml kernel >/dev/null
 
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -58,13 +67,13 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
-test: deps gotools tools lint typecheck
+test: deps gotools tools umlkernel lint typecheck
 	$(VENV)/bin/pytest
 
 test-unit: venv
 	$(VENV)/bin/pytest -m "not uml and not cluster and not image"
 
-cluster-up: deps gotools
+cluster-up: deps gotools umlkernel
 	$(PY) -m devtools.cluster up --nodes 2
 
 cluster-down: venv
@@ -72,19 +81,19 @@ cluster-down: venv
 
 # The main job as a user sees it (docs/demo.md). The first run builds the Kubernetes components
 # (devtools/gobuild.py, needs Go) and says so; nothing is left running or mounted afterwards.
-demo: deps
+demo: deps umlkernel
 	@PATH="$$PATH:/usr/local/go/bin" $(PY) -m devtools.demo
 
 # The earlier demo: lvmd driven over gRPC, then topolvm-node against the API emulator, in UML.
-demo-lvmd: deps
+demo-lvmd: deps umlkernel
 	$(PY) -m devtools.demo_lvmd
 
 # The OCI image (build/image/oci) from Debian's packages and PyPI, without a Docker daemon; then
 # its binaries are run from its root. Needs root; a warm run reuses it. See docs/image.md.
-image: deps
+image: deps umlkernel
 	$(PY) -m devtools.image --check
 
-bench: deps gotools
+bench: deps gotools umlkernel
 	$(PY) -m bench.lvmd_bench
 	$(PY) -m bench.scheduler_bench
 	$(PY) -m bench.controller_bench

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devtools import gobuild
+from devtools import gobuild, umlkernel
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import NAMESPACE, DriverStack, csidriver
 from devtools.testbed.process import HarnessError, enter_private_netns
@@ -471,6 +471,7 @@ def main() -> int:
         return 1
     t0 = time.monotonic()
     bins = gobuild.ensure(*CLUSTER_BINARIES)  # before the namespace: may need the module proxy
+    umlkernel.kernel()  # the node's kernel, likewise (Debian's archive)
     enter_private_netns()  # still one thread; gone with this process
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # clean up as on Ctrl-C
     shutil.rmtree(WORKDIR, ignore_errors=True)

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from devtools import gobuild
+from devtools import gobuild, umlkernel
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.process import HarnessError, tail
 from devtools.testbed.umlnode import UmlNode
@@ -44,6 +44,8 @@ def up(nodes: int, vg_gib: float) -> int:
         print(f"already up ({STATE}); `python -m devtools.cluster down` first", file=sys.stderr)
         return 1
     gobuild.ensure()  # builds before entering the namespace (needs the module proxy)
+    if nodes:
+        umlkernel.kernel()  # and the nodes' kernel (its source comes from Debian's archive)
     if not _netns_exists():
         subprocess.run(["ip", "netns", "add", NETNS], check=True)
         subprocess.run(["ip", "netns", "exec", NETNS, "ip", "link", "set", "lo", "up"], check=True)

@@ -14,7 +14,6 @@ from the Go module proxy only; GOMODCACHE and GOCACHE are Go's defaults, so they
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import json
 import os
@@ -22,11 +21,10 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from devtools.buildcache import BuildError, cached_build, run_with_progress, say
 from devtools.cachedir import cache_dir as tool_cache
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,10 +96,6 @@ GROUPS: tuple[Group, ...] = (
 )
 
 
-class BuildError(RuntimeError):
-    """A Go build failed; the message carries the command and the tail of its output."""
-
-
 def go_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GO")}
     for keep in ("GOPATH", "GOMODCACHE", "GOCACHE", "GOPROXY", "GOSUMDB"):
@@ -148,67 +142,21 @@ def cache_dir(group: Group) -> Path:
     return CACHE / f"{group.name}-{h.hexdigest()[:12]}"
 
 
-def say(line: str) -> None:
-    """Progress goes to stderr: stdout carries only the binaries' paths."""
-    print(line, file=sys.stderr, flush=True)
-
-
-def _run_with_progress(argv: list[str], cwd: Path, label: str, cold_minutes: int) -> None:
-    """Run ``go build -v``; print a line every 15 s with the packages compiled so far."""
-    say(f"gobuild: {label}: cold build, expect about {cold_minutes} min on 2 cores")
-    start = time.monotonic()
-    proc = subprocess.Popen(
-        argv, cwd=cwd, env=go_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    lines: list[str] = []
-    done = threading.Event()
-
-    def ticker() -> None:
-        while not done.wait(15):
-            say(
-                f"gobuild: {label}: {len(lines)} packages compiled, {time.monotonic() - start:.0f}s"
-            )
-
-    t = threading.Thread(target=ticker, daemon=True)
-    t.start()
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line.rstrip())
-        rc = proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        done.set()
-        t.join()  # no thread outlives the build (pytest then enters its network namespace)
-    if rc != 0:
-        tail = "\n".join(lines[-30:])
-        raise BuildError(f"{label}: `{' '.join(argv)}` exited {rc} in {cwd}:\n{tail}")
-    say(f"gobuild: {label}: built in {time.monotonic() - start:.0f}s")
-
-
 def build(group: Group) -> Path:
     """Return the folder with ``group``'s binaries, building them first if the cache lacks them."""
-    out = cache_dir(group)
-    if (out / ".complete").exists():
-        return out
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with (CACHE / f".{group.name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another session may be building the same group
-        if (out / ".complete").exists():
-            return out
-        return _build_locked(group, out)
+    return cached_build(cache_dir(group), lambda tmp: _build_into(group, tmp), kind=group.name)
 
 
-def _build_locked(group: Group, out: Path) -> Path:
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+def _build_into(group: Group, tmp: Path) -> None:
     mod = GOMOD / group.name
     argv = [_go(), "build", "-v", "-trimpath", "-ldflags", " ".join(ldflags(group))]
     argv += ["-o", str(tmp) + "/", *group.binaries.values()]
-    _run_with_progress(argv, mod, f"{group.name} ({', '.join(group.binaries)})", group.cold_minutes)
+    label = f"gobuild: {group.name} ({', '.join(group.binaries)})"
+    say(f"{label}: cold build, expect about {group.cold_minutes} min on 2 cores")
+    # `go build -v` names each package as it compiles it.
+    run_with_progress(
+        argv, cwd=mod, env=go_env(), label=label, counted=bool, unit="packages compiled"
+    )
     for name, pkg in group.binaries.items():
         # go names a binary after the import path's last element, skipping a /vN suffix.
         elems = pkg.split("/")
@@ -227,13 +175,6 @@ def _build_locked(group: Group, out: Path) -> Path:
         shutil.copytree(Path(listed.stdout.strip()) / sub, tmp / name)
         for p in (tmp / name).rglob("*"):
             p.chmod(0o755 if p.is_dir() else 0o644)
-    (tmp / ".complete").write_text(json.dumps({"go": _go_version(), "built": time.time()}))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    for old in CACHE.glob(f"{group.name}-*"):  # builds of earlier pins
-        if old != out:
-            shutil.rmtree(old, ignore_errors=True)
-    return out
 
 
 def ensure(*names: str) -> dict[str, Path]:

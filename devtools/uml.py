@@ -1,15 +1,20 @@
 """Boot User-Mode Linux with the host filesystem as root and run one command against real LVM.
 
-The guest sees the host's files (hostfs), gets file-backed disks (``/dev/ubdb`` ...), loads the
-device-mapper modules and uses an LVM config without udev. The command's output goes to the
-guest console, which is this process's stdout (or a file); its exit status comes back through
-a file on the shared filesystem.
+The kernel is the test bed's own (devtools.umlkernel: device-mapper, filesystems and networking
+built in). The guest sees the host's files (hostfs), gets file-backed disks (``/dev/ubdb`` ...)
+and uses an LVM config without udev. The command's output goes to the guest console, which is
+this process's stdout (or a file); its exit status comes back through a file on the shared
+filesystem. A guest whose kernel panics is reported at once, with the panic's lines.
+
+    python -m devtools.uml kernel          # the kernel's path (built first if needed)
+    python -m devtools.uml COMMAND [ARG...] # run a command inside a guest (for debugging)
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import shlex
 import shutil
 import subprocess
@@ -21,11 +26,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from devtools import umlkernel
 from devtools.testbed.process import die_with_parent, stop_group
 
-KERNEL = "linux.uml"
 REPO = Path(__file__).resolve().parent.parent
-MODULES = Path("/usr/lib/uml/modules")
 DISK_LETTERS = "bcdefgh"  # ubda is left unused
 
 LVM_CONF = """\
@@ -47,10 +51,8 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t tmpfs -o mode=0755 tmpfs /run
 ip link set lo up
-{network}mkdir -p /lib/modules /run/lock/lvm /run/lvm /run/tmp
+{network}mkdir -p /run/lock/lvm /run/lvm /run/tmp
 chmod 1777 /run/tmp
-mount --bind {modules} /lib/modules
-for m in dm-mod dm-thin-pool dm-snapshot; do modprobe $m || echo "modprobe $m failed"; done
 mkdir -p /run/lvm-conf
 cp {lvm_conf} /run/lvm-conf/lvm.conf
 export LVM_SYSTEM_DIR=/run/lvm-conf
@@ -99,12 +101,53 @@ class UmlResult:
 
 
 def available() -> str | None:
-    """None if UML can run here, else the reason."""
-    if shutil.which(KERNEL) is None:
-        return f"{KERNEL} not found (apt-get install user-mode-linux)"
-    if not MODULES.is_dir():
-        return f"{MODULES} missing (user-mode-linux package incomplete)"
+    """None if UML can run here (its kernel built, or buildable now), else the reason."""
+    try:
+        umlkernel.kernel()
+    except umlkernel.KernelBuildError as exc:
+        return str(exc)
     return None
+
+
+# What the kernel prints when it gives up: on the console even with loglevel=1 (KERN_EMERG).
+PANIC_MARKERS = ("Kernel panic - not syncing", "Attempted to kill init", "Segfault with no mm")
+
+
+def panic_lines(console: str) -> str | None:
+    """The lines around the first panic in ``console``, or None if the kernel did not panic."""
+    lines = console.splitlines()
+    for i, line in enumerate(lines):
+        if any(marker in line for marker in PANIC_MARKERS):
+            return "\n".join(lines[max(0, i - 15) : i + 15])
+    return None
+
+
+def wait_ready(
+    proc: subprocess.Popen[bytes], console: Path, ready: Callable[[], bool], timeout: float
+) -> None:
+    """Wait until ``ready()`` for a guest started by :func:`running`. A kernel panic (seen on
+    ``console``) or an exited UML raises :class:`UmlError` at once, with the panic's lines;
+    ``timeout`` seconds without ``ready()`` raise it too."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        try:
+            text = console.read_text(errors="replace")
+        except OSError:
+            text = ""
+        if (panic := panic_lines(text)) is not None:
+            raise UmlError(f"the guest's kernel panicked:\n{panic}")
+        if (code := proc.poll()) is not None:
+            raise UmlError(f"UML exited ({code})")
+        if time.monotonic() > deadline:
+            raise UmlError(f"no answer in {timeout}s")
+        time.sleep(0.3)
+
+
+def _start_uml() -> None:
+    """``preexec_fn`` of UML: it dies with this process, and a panic (UML then aborts) writes
+    no core file of the guest's memory."""
+    die_with_parent()
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
 def disk_devices(count: int) -> list[str]:
@@ -143,9 +186,10 @@ def _prepared(
     network: Network | None = None,
 ) -> Iterator[_Boot]:
     """Disk images, init script and kernel arguments; everything is removed on exit."""
-    reason = available()
-    if reason:
-        raise UmlError(reason)
+    try:
+        kernel = umlkernel.kernel()
+    except umlkernel.KernelBuildError as exc:
+        raise UmlError(str(exc)) from exc
     if len(disks) > len(DISK_LETTERS):
         raise UmlError(f"at most {len(DISK_LETTERS)} disks")
     # Files the guest must see live on the host disk: the guest mounts its own /run and /dev.
@@ -168,7 +212,7 @@ def _prepared(
             "--pid",
             "--fork",
             "--kill-child=SIGKILL",
-            KERNEL,
+            str(kernel),
             f"mem={mem_mb}M",
             "root=/dev/root",
             "rootfstype=hostfs",
@@ -188,6 +232,7 @@ def _prepared(
             "LANG": "C.UTF-8",
             "TMPDIR": "/run/tmp",
             "TOPOLVM_IN_UML": "1",
+            "TOPOLVM_UML_KERNEL": str(kernel),
             "TOPOLVM_UML_DISKS": " ".join(disk_devices(len(disks))),
             **(env or {}),
         }
@@ -200,7 +245,6 @@ def _prepared(
         init = base / "init.sh"
         init.write_text(
             INIT.format(
-                modules=shlex.quote(str(MODULES)),
                 lvm_conf=shlex.quote(str(base / "lvm.conf")),
                 network=net,
                 env="\n".join(f"export {k}={shlex.quote(v)}" for k, v in guest_env.items()),
@@ -246,19 +290,28 @@ def run(
             stderr=subprocess.STDOUT if capture else None,
             env=boot.host_env,
             start_new_session=True,
-            preexec_fn=die_with_parent,  # noqa: PLW1509 (one prctl call, no locks)
+            preexec_fn=_start_uml,  # noqa: PLW1509 (two system calls, no locks)
         )
         out = bytearray()
         reader = None
         if capture:
             assert proc.stdout is not None
             stream = proc.stdout
-            reader = threading.Thread(target=lambda: out.extend(stream.read()), daemon=True)
+
+            def read() -> None:  # as it comes: a panic is seen while UML still runs
+                for chunk in iter(lambda: os.read(stream.fileno(), 1 << 16), b""):
+                    out.extend(chunk)
+
+            reader = threading.Thread(target=read, daemon=True)
             reader.start()
         deadline = time.monotonic() + timeout
         failure: UmlError | None = None
         try:
             while proc.poll() is None:
+                # The kernel's console (the command's output, when captured, is in log_file).
+                if (panic := panic_lines(out.decode(errors="replace"))) is not None:
+                    failure = UmlError(f"the guest's kernel panicked:\n{panic}")
+                    break
                 if time.monotonic() > deadline:
                     failure = UmlError(f"UML did not finish within {timeout}s")
                     break
@@ -280,9 +333,11 @@ def run(
         if boot.log_file.exists():
             console += boot.log_file.read_text(errors="replace")
         if not boot.rc_file.exists():
+            panic = panic_lines(console)
             raise UmlError(
-                f"UML exited ({proc.returncode}) without the command's status; console:\n"
-                + console[-4000:]
+                f"UML exited ({proc.returncode}) without the command's status; "
+                + (f"the guest's kernel panicked:\n{panic}" if panic else "console:\n")
+                + ("" if panic else console[-4000:])
             )
         return UmlResult(int(boot.rc_file.read_text().strip() or 1), console)
 
@@ -312,7 +367,7 @@ def running(
                 stderr=subprocess.STDOUT,
                 env=boot.host_env,
                 start_new_session=True,
-                preexec_fn=die_with_parent,  # noqa: PLW1509 (one prctl call, no locks)
+                preexec_fn=_start_uml,  # noqa: PLW1509 (two system calls, no locks)
             )
         try:
             yield proc
@@ -321,11 +376,22 @@ def running(
 
 
 def main() -> int:
-    """``python -m devtools.uml CMD...``: run a command inside UML (for debugging)."""
+    """``python -m devtools.uml kernel``: the kernel's path, built first if needed;
+    ``python -m devtools.uml CMD...``: run a command inside UML (for debugging)."""
     if len(sys.argv) < 2:
-        print("usage: python -m devtools.uml COMMAND [ARG...]", file=sys.stderr)
+        print("usage: python -m devtools.uml kernel | COMMAND [ARG...]", file=sys.stderr)
         return 2
-    return run(sys.argv[1:]).returncode
+    try:
+        if sys.argv[1:] == ["kernel"]:
+            print(umlkernel.kernel())
+            return 0
+        return run(sys.argv[1:]).returncode
+    except UmlError as exc:
+        print(f"uml: {exc}", file=sys.stderr)
+        return 1
+    except umlkernel.KernelBuildError as exc:
+        print(exc, file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from devtools import gobuild
+from devtools import gobuild, umlkernel
+from devtools.buildcache import BuildError
 from devtools.testbed import process
 from tests import uml_tier
 from tests.cluster_fixtures import *  # noqa: F403  (fixtures for the real-control-plane tier)
@@ -43,7 +44,8 @@ def _prepare_cluster_tier(config: pytest.Config) -> None:
     with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
         try:
             gobuild.ensure()  # every group: inside the namespace there is no module proxy
-        except gobuild.BuildError as exc:
+            umlkernel.kernel()  # the nodes' kernel (its source comes from Debian's archive)
+        except BuildError as exc:
             raise pytest.UsageError(f"cannot build the real control plane: {exc}") from exc
     threads = os.listdir("/proc/self/task")
     if len(threads) != 1:

@@ -98,17 +98,13 @@ class UmlNode:
                     env={"TOPOLVM_NODE": self.name},
                 )
             )
-            deadline = time.monotonic() + timeout
-            while not self._healthy():
-                if self._proc.poll() is not None or time.monotonic() > deadline:
-                    state = (
-                        "exited" if self._proc.poll() is not None else f"no answer in {timeout}s"
-                    )
-                    raise HarnessError(
-                        f"UML node {self.name}: agent not reachable ({state}); console "
-                        f"{self.console}:\n{tail(self.console)}"
-                    )
-                time.sleep(0.3)
+            try:  # a panic or an exited UML is reported at once, not after the timeout
+                uml.wait_ready(self._proc, self.console, self._healthy, timeout)
+            except uml.UmlError as exc:
+                raise HarnessError(
+                    f"UML node {self.name}: agent not reachable: {exc}\nconsole "
+                    f"{self.console}:\n{tail(self.console)}"
+                ) from exc
         except BaseException:
             self.stop()
             raise

@@ -1,0 +1,110 @@
+"""What the test bed's builders share (devtools.gobuild for the Go tools, devtools.umlkernel for
+the User-Mode Linux kernel): a folder per build, named by a hash of its inputs, built once under
+a lock into a ``.partial`` folder that is renamed when complete; older builds of the same thing
+pruned; a long build shows progress on stderr, since stdout carries only the results' paths."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+COMPLETE = ".complete"
+
+
+class BuildError(RuntimeError):
+    """A build failed; the message carries the command and the tail of its output."""
+
+
+def say(line: str) -> None:
+    """Progress goes to stderr: stdout carries only the built files' paths."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def cached_build(out: Path, build: Callable[[Path], None], *, kind: str) -> Path:
+    """Return ``out``, first running ``build(partial)`` to fill it if it is not complete.
+
+    ``out`` is named ``<kind>-<hash of the inputs>``; once it is complete, every other
+    ``<kind>-*`` folder beside it (a build of earlier inputs) is removed. A lock serialises
+    builds of the same kind from other processes (another clone's session, say)."""
+    if (out / COMPLETE).exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with (out.parent / f".{kind}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (out / COMPLETE).exists():
+            return out
+        tmp = out.with_name(out.name + ".partial")
+        for stale in out.parent.glob(f"{kind}-*.partial"):  # a build that was killed
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:
+            build(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        (tmp / COMPLETE).write_text(json.dumps({"built": time.time()}))
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+        for old in out.parent.glob(f"{kind}-*"):
+            if old != out:
+                shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+    return out
+
+
+def run_with_progress(
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str] | None,
+    label: str,
+    counted: Callable[[str], bool],
+    unit: str,
+) -> None:
+    """Run ``argv``; every 15 s say how many output lines ``counted`` (``unit`` done so far).
+    A non-zero exit raises :class:`BuildError` with the output's last 30 lines."""
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        list(argv),
+        cwd=cwd,
+        env=dict(env) if env is not None else dict(os.environ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+    )
+    lines: list[str] = []
+    count = 0
+    done = threading.Event()
+
+    def ticker() -> None:
+        while not done.wait(15):
+            say(f"{label}: {count} {unit}, {time.monotonic() - start:.0f}s")
+
+    t = threading.Thread(target=ticker, daemon=True)
+    t.start()
+    try:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.rstrip()
+            count += counted(line)
+            lines.append(line)
+            del lines[:-200]
+        rc = proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        done.set()
+        t.join()  # no thread outlives the build (pytest then enters its network namespace)
+    if rc != 0:
+        tail = "\n".join(lines[-30:])
+        raise BuildError(f"{label}: `{' '.join(argv)}` exited {rc} in {cwd}:\n{tail}")
+    say(f"{label}: done in {time.monotonic() - start:.0f}s")
