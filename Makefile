@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # lvm2 ... util-linux run inside the UML guests (their root is the host's filesystem); the rest
 # builds the guests' kernel (devtools/umlkernel.py; Debian's user-mode-linux panics on AMX hosts).
-APT_PACKAGES := lvm2 kmod xfsprogs btrfs-progs e2fsprogs iproute2 util-linux \
+APT_PACKAGES := lvm2 xfsprogs btrfs-progs e2fsprogs iproute2 util-linux \
 	build-essential flex bison bc patch xz-utils
 STAMP := $(VENV)/.installed
 

@@ -5,15 +5,17 @@ pruned; a long build shows progress on stderr, since stdout carries only the res
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 COMPLETE = ".complete"
@@ -28,22 +30,33 @@ def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` (created if missing) against other processes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def cached_build(out: Path, build: Callable[[Path], None], *, kind: str) -> Path:
     """Return ``out``, first running ``build(partial)`` to fill it if it is not complete.
 
-    ``out`` is named ``<kind>-<hash of the inputs>``; once it is complete, every other
-    ``<kind>-*`` folder beside it (a build of earlier inputs) is removed. A lock serialises
+    ``out`` is named ``<kind>-<12 hex digits hashing the inputs>``; once it is complete, every
+    other folder so named beside it (a build of earlier inputs) is removed. A lock serialises
     builds of the same kind from other processes (another clone's session, say)."""
     if (out / COMPLETE).exists():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with (out.parent / f".{kind}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    ours = re.compile(rf"{re.escape(kind)}-[0-9a-f]{{12}}(\.partial)?")
+    if not ours.fullmatch(out.name):
+        raise ValueError(f"{out.name}: not named <kind>-<12 hex digits>")
+    with locked(out.parent / f".{kind}.lock"):
         if (out / COMPLETE).exists():
             return out
         tmp = out.with_name(out.name + ".partial")
         for stale in out.parent.glob(f"{kind}-*.partial"):  # a build that was killed
-            shutil.rmtree(stale, ignore_errors=True)
+            if ours.fullmatch(stale.name):
+                shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir(parents=True)
         try:
             build(tmp)
@@ -54,8 +67,8 @@ def cached_build(out: Path, build: Callable[[Path], None], *, kind: str) -> Path
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
         for old in out.parent.glob(f"{kind}-*"):
-            if old != out:
-                shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+            if old != out and old.is_dir() and ours.fullmatch(old.name):
+                shutil.rmtree(old, ignore_errors=True)
     return out
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devtools import umlkernel
+from devtools.buildcache import BuildError
 from devtools.testbed.process import die_with_parent, stop_group
 
 REPO = Path(__file__).resolve().parent.parent
@@ -104,11 +105,13 @@ def available() -> str | None:
     """None if UML can run here (its kernel built, or buildable now), else the reason."""
     try:
         umlkernel.kernel()
-    except umlkernel.KernelBuildError as exc:
+    except BuildError as exc:
         return str(exc)
     return None
 
 
+# The line :func:`running` writes to the console file before each boot.
+BOOT_MARKER = "--- devtools.uml: booting "
 # What the kernel prints when it gives up: on the console even with loglevel=1 (KERN_EMERG).
 PANIC_MARKERS = ("Kernel panic - not syncing", "Attempted to kill init", "Segfault with no mm")
 
@@ -130,13 +133,14 @@ def wait_ready(
     ``timeout`` seconds without ``ready()`` raise it too."""
     deadline = time.monotonic() + timeout
     while not ready():
-        try:
-            text = console.read_text(errors="replace")
+        code = proc.poll()  # first: an exited UML has written all it will to the console
+        try:  # this boot's lines only (the file may hold earlier boots')
+            text = console.read_text(errors="replace").rsplit(BOOT_MARKER, 1)[-1]
         except OSError:
             text = ""
         if (panic := panic_lines(text)) is not None:
             raise UmlError(f"the guest's kernel panicked:\n{panic}")
-        if (code := proc.poll()) is not None:
+        if code is not None:
             raise UmlError(f"UML exited ({code})")
         if time.monotonic() > deadline:
             raise UmlError(f"no answer in {timeout}s")
@@ -171,6 +175,7 @@ class _Boot:
     log_file: Path
     rc_file: Path
     host_env: dict[str, str]
+    kernel: Path
 
 
 @contextlib.contextmanager
@@ -188,7 +193,7 @@ def _prepared(
     """Disk images, init script and kernel arguments; everything is removed on exit."""
     try:
         kernel = umlkernel.kernel()
-    except umlkernel.KernelBuildError as exc:
+    except BuildError as exc:
         raise UmlError(str(exc)) from exc
     if len(disks) > len(DISK_LETTERS):
         raise UmlError(f"at most {len(DISK_LETTERS)} disks")
@@ -257,7 +262,7 @@ def _prepared(
         init.chmod(0o755)
         args += [f"init={init}", "con=null", "con0=fd:0,fd:1"]
         # UML maps its memory from a file in TMPDIR; keep that in the private temp dir.
-        yield _Boot(args, base, log_file, rc_file, dict(os.environ, TMPDIR=fast_tmp))
+        yield _Boot(args, base, log_file, rc_file, dict(os.environ, TMPDIR=fast_tmp), kernel)
 
 
 def run(
@@ -360,6 +365,8 @@ def running(
         workdir=None, network=network,
     ) as boot:  # fmt: skip
         with console.open("ab") as out:
+            out.write(f"{BOOT_MARKER}{boot.kernel} ---\n".encode())
+            out.flush()
             proc = subprocess.Popen(
                 boot.args,
                 stdin=subprocess.DEVNULL,
@@ -389,7 +396,7 @@ def main() -> int:
     except UmlError as exc:
         print(f"uml: {exc}", file=sys.stderr)
         return 1
-    except umlkernel.KernelBuildError as exc:
+    except BuildError as exc:
         print(exc, file=sys.stderr)
         return 1
 

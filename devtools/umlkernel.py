@@ -17,14 +17,17 @@ older build is pruned. A cold build takes about 4 minutes on 2 cores.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import os
+import platform
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
-from devtools.buildcache import BuildError, cached_build, run_with_progress, say
+from devtools.buildcache import BuildError, cached_build, locked, run_with_progress, say
 from devtools.cachedir import cache_dir
 
 SOURCE_PACKAGE = "linux-source-6.12"
@@ -35,6 +38,9 @@ CONFIG = FILES / "uml.config"
 CACHE = cache_dir("umlkernel", "TOPOLVM_UMLKERNEL_CACHE")
 SOURCES = CACHE / "source"
 TOOLS = ("make", "gcc", "flex", "bison", "bc", "patch", "xz", "perl")
+# Raise when the build's steps change (they are not in a file the key hashes).
+RECIPE = 1
+BUILD_ENV = {"KBUILD_BUILD_USER": "topolvm", "KBUILD_BUILD_HOST": "testbed"}
 
 
 class KernelBuildError(BuildError):
@@ -49,7 +55,9 @@ def _compiler() -> str:
     gcc = shutil.which("gcc")
     if gcc is None:
         raise KernelBuildError(_missing_tools())
-    out = subprocess.run([gcc, "--version"], capture_output=True, text=True, check=True)
+    out = subprocess.run([gcc, "--version"], capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise KernelBuildError(f"`gcc --version` failed: {_last_line(out.stderr)}")
     return out.stdout.splitlines()[0]
 
 
@@ -62,27 +70,32 @@ def _missing_tools() -> str:
 
 
 def build_dir(version: str) -> Path:
-    """Where the kernel built from ``version`` of the source package lives."""
-    h = hashlib.sha256(f"{SOURCE_PACKAGE}={version}\n{_compiler()}\n".encode())
+    """Where the kernel built from ``version`` of the source package lives: the key hashes every
+    input of the build (the recipe below, the config, the patches, the compiler and libc)."""
+    recipe = [RECIPE, SOURCE_PACKAGE, version, _compiler(), platform.libc_ver(), BUILD_ENV]
+    h = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode())
     for f in (CONFIG, *patches()):
         h.update(f.name.encode() + b"\0" + f.read_bytes())
     return CACHE / f"linux-{h.hexdigest()[:12]}"
 
 
 def kernel() -> Path:
-    """The path of the test bed's UML kernel, building it first if the cache lacks it."""
-    cached = build_dir(SOURCE_VERSION) / "linux"
-    if cached.exists():
-        return cached
-    deb = _source_deb()
-    version = _deb_version(deb)
-    out = cached_build(build_dir(version), lambda tmp: _build_into(deb, version, tmp), kind="linux")
-    return out / "linux"
-
-
-def release(version: str) -> str:
-    """``uname -r`` of a kernel built from ``version`` of the source package."""
-    return version.split("-", 1)[0] + LOCALVERSION
+    """The path of the test bed's UML kernel, building it first if the cache lacks it. A warm
+    call reads only local files (no apt), also when the pinned version had to be replaced."""
+    try:
+        for version in (SOURCE_VERSION, *_cached_versions()):
+            cached = build_dir(version) / "linux"
+            if cached.exists():
+                return cached
+        with locked(SOURCES / ".lock"):  # two cold runs download one .deb
+            deb = _source_deb()
+        version = _deb_version(deb)
+        build = functools.partial(_build_into, deb, version)
+        return cached_build(build_dir(version), build, kind="linux") / "linux"
+    except KernelBuildError:
+        raise
+    except (BuildError, OSError, subprocess.SubprocessError) as exc:
+        raise KernelBuildError(f"umlkernel: {exc}") from exc
 
 
 def built_release(kernel: Path) -> str:
@@ -91,6 +104,10 @@ def built_release(kernel: Path) -> str:
 
 
 # --- the source package -------------------------------------------------------------------
+
+
+def _cached_versions() -> list[str]:
+    return [_deb_version(deb) for deb in SOURCES.glob(f"{SOURCE_PACKAGE}_*.deb")]
 
 
 def _source_deb() -> Path:
@@ -166,7 +183,7 @@ def _last_line(text: str) -> str:
 def _build_into(deb: Path, version: str, out: Path) -> None:
     if any(shutil.which(t) is None for t in TOOLS):
         raise KernelBuildError(_missing_tools())
-    label = f"umlkernel: Linux {release(version)}"
+    label = f"umlkernel: Linux {version.split('-', 1)[0]}{LOCALVERSION}"
     say(f"{label}: building the UML kernel (Debian {SOURCE_PACKAGE} {version}), about 4 min")
     # The tree (about 1.5 GB once built) is unpacked into the partial build folder, which a
     # killed build leaves for the next one to remove; only the kernel binary is kept.
@@ -177,21 +194,17 @@ def _build_into(deb: Path, version: str, out: Path) -> None:
         for patch in patches():
             _step(tree, ["patch", "-p1", "--forward", "--batch", "-i", str(patch)], patch.name)
         _configure(tree)
-        env = dict(
-            os.environ,
-            KBUILD_BUILD_USER="topolvm",
-            KBUILD_BUILD_HOST="testbed",
-            KBUILD_BUILD_TIMESTAMP=f"Debian {version}",
-        )
+        env = dict(os.environ, **BUILD_ENV, KBUILD_BUILD_TIMESTAMP=f"Debian {version}")
         run_with_progress(
             ["make", "ARCH=um", f"-j{os.cpu_count() or 2}", "linux"],
             cwd=tree, env=env, label=label, unit="files compiled",
             counted=lambda line: line.startswith("  CC "),
         )  # fmt: skip
         shutil.copy2(tree / "linux", out / "linux")
+        built = _step(tree, ["make", "-s", "ARCH=um", "kernelrelease"], "make kernelrelease")
     finally:
         shutil.rmtree(src, ignore_errors=True)
-    (out / "version").write_text(f"{SOURCE_PACKAGE} {version}\n{release(version)}\n")
+    (out / "version").write_text(f"{SOURCE_PACKAGE} {version}\n{built.strip()}\n")
 
 
 def _unpack(deb: Path, into: Path) -> Path:
@@ -220,9 +233,11 @@ def _configure(tree: Path) -> None:
         raise KernelBuildError(f"{CONFIG.name}: Kconfig did not keep {lost}")
 
 
-def _step(cwd: Path, argv: list[str], what: str) -> None:
+def _step(cwd: Path, argv: list[str], what: str) -> str:
+    """Run one step of the build; its output, or :class:`KernelBuildError` with its tail."""
     res = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise KernelBuildError(
             f"umlkernel: {what} failed ({res.returncode}):\n{(res.stdout + res.stderr)[-3000:]}"
         )
+    return res.stdout
