@@ -8,9 +8,9 @@ This module takes ``linux-source-6.12`` (``apt-get download``, no install), appl
 ``make defconfig`` plus ``devtools/kernel/uml.config`` (everything built in, no modules).
 
 The kernel lands in ``~/.cache/topolvm/umlkernel/linux-<key>/linux`` (``$TOPOLVM_UMLKERNEL_CACHE``
-overrides the folder), where ``key`` hashes the source version, the patches, the config and the
-compiler, so every clone on the machine shares one build; a changed input builds anew and the
-older build is pruned. A cold build takes about 4 minutes on 2 cores.
+overrides the folder), where ``key`` hashes the source version, the patches, the config, the
+recipe, the compiler and libc, so every clone on the machine shares one build; a changed input
+builds anew and the older build is pruned. A cold build takes about 4 minutes on 2 cores.
 
     python -m devtools.uml kernel      # build if needed, print the kernel's path
 """
@@ -106,15 +106,20 @@ def built_release(kernel: Path) -> str:
 # --- the source package -------------------------------------------------------------------
 
 
+def _debs() -> list[Path]:
+    """The source package's .debs in the cache, oldest first."""
+    return sorted(SOURCES.glob(f"{SOURCE_PACKAGE}_*.deb"), key=lambda p: p.stat().st_mtime)
+
+
 def _cached_versions() -> list[str]:
-    return [_deb_version(deb) for deb in SOURCES.glob(f"{SOURCE_PACKAGE}_*.deb")]
+    return [_deb_version(deb) for deb in _debs()]
 
 
 def _source_deb() -> Path:
     """The source package's .deb in the cache: the pinned version; if the archive no longer has
     it, (with a warning) the one downloaded before or else the 6.12 version apt offers."""
     SOURCES.mkdir(parents=True, exist_ok=True)
-    cached = sorted(SOURCES.glob(f"{SOURCE_PACKAGE}_*.deb"), key=lambda p: p.stat().st_mtime)
+    cached = _debs()
     for deb in cached:
         if _deb_version(deb) == SOURCE_VERSION:
             return deb
@@ -147,8 +152,7 @@ def _source_deb() -> Path:
 
 def _only_deb(version: str | None) -> Path:
     """The .deb apt-get download just wrote (of ``version``, when given)."""
-    debs = sorted(SOURCES.glob(f"{SOURCE_PACKAGE}_*.deb"), key=lambda p: p.stat().st_mtime)
-    found = [d for d in debs if version is None or _deb_version(d) == version]
+    found = [d for d in _debs() if version is None or _deb_version(d) == version]
     if not found:
         raise KernelBuildError(f"apt-get download left no {SOURCE_PACKAGE} .deb in {SOURCES}")
     return found[-1]
