@@ -24,7 +24,7 @@ def lint(src: Path) -> subprocess.CompletedProcess[str]:
 def test_components_and_shared_layers_keep_their_rules() -> None:
     res = lint(REPO / "src")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "Contracts: 2 kept, 0 broken." in res.stdout
+    assert "Contracts: 3 kept, 0 broken." in res.stdout
 
 
 def test_a_component_importing_another_breaks_the_rules(tmp_path: Path) -> None:
@@ -44,6 +44,21 @@ def test_a_shared_layer_importing_a_component_breaks_the_rules(tmp_path: Path) -
     res = lint(tmp_path)
     assert res.returncode != 0
     assert "shared layers do not import components BROKEN" in res.stdout
+
+
+def test_an_import_cycle_inside_a_component_breaks_the_rules(tmp_path: Path) -> None:
+    """Also an import only for type checking: the server imports the status module."""
+    shutil.copytree(REPO / "src" / "topolvm", tmp_path / "topolvm")
+    status = tmp_path / "topolvm" / "scheduler" / "status.py"
+    status.write_text(
+        status.read_text()
+        + "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        + "    import topolvm.scheduler.server  # noqa\n"
+    )
+    res = lint(tmp_path)
+    assert res.returncode != 0
+    assert "no import cycles among the modules of a package" in res.stdout
+    assert "No cycles are allowed in topolvm.scheduler" in res.stdout
 
 
 def test_every_imported_package_is_declared() -> None:

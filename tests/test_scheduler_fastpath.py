@@ -25,7 +25,7 @@ from topolvm.scheduler.extender import (
     unknown_reason,
 )
 from topolvm.scheduler.nodecache import CapacityOrder, NodeCache
-from topolvm.scheduler.server import Extender
+from topolvm.scheduler.verbs import Extender
 
 GiB = 1 << 30
 PREFIX = NORMAL.capacity_prefix

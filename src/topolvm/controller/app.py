@@ -7,8 +7,7 @@ import asyncio
 import logging
 import socket
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 import grpc
@@ -18,11 +17,11 @@ from lightkube.resources.core_v1 import Node
 from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
-from topolvm.constants import Names
 from topolvm.controller.csi_controller import ControllerService
 from topolvm.controller.inflight import InFlight
 from topolvm.controller.metrics import ControllerMetrics
-from topolvm.controller.sizing import MinimumAllocations
+from topolvm.controller.options import ControllerOptions, Part, StartupError
+from topolvm.controller.wiring import run_reconcilers, start_webhook
 from topolvm.csi.identity import IdentityService, csidriver_check
 from topolvm.csi.server import SocketError, start_unix_server, stop_unix_server
 from topolvm.csi.status import GrpcMetrics
@@ -35,43 +34,6 @@ from topolvm.process import bounded, until_terminated
 from topolvm.proto import csi_pb2_grpc as csi_grpc
 
 log = logging.getLogger("topolvm.controller")
-
-
-class StartupError(Exception):
-    """topolvm-controller cannot start; the message says why and what to check."""
-
-
-@dataclass(frozen=True)
-class LeaderOptions:
-    name: str = "topolvm"
-    namespace: str = "default"
-    lease_duration: float = 15.0
-    renew_deadline: float = 10.0
-    retry_period: float = 2.0
-
-
-@dataclass
-class ControllerOptions:
-    names: Names
-    csi_socket: str
-    namespace: str = ""
-    metrics_address: tuple[str, int] | None = ("0.0.0.0", 8080)
-    health_address: tuple[str, int] | None = ("0.0.0.0", 8081)
-    webhook_address: tuple[str, int] | None = None
-    cert_dir: str = ""
-    pod_webhook_marker: bool = False
-    webhook_secret_name: str = "topolvm-webhook-cert"
-    webhook_configuration_name: str = "topolvm-hook"
-    webhook_service_name: str = "topolvm-controller"
-    webhook_extra_sans: tuple[str, ...] = ()
-    leader: LeaderOptions | None = field(default_factory=LeaderOptions)
-    skip_node_finalize: bool = False
-    minimums: MinimumAllocations = field(default_factory=MinimumAllocations)
-    lv_gc: str = "off"
-    lv_gc_grace: float = 3600.0
-    lv_gc_interval: float = 600.0
-    probe_interval: float = 60.0
-    resync: float = 600.0
 
 
 class InformerNodes:
@@ -95,9 +57,6 @@ class InformerNodes:
 
     def names(self) -> list[str]:
         return sorted(str(o["metadata"]["name"]) for o in self.informer.values())
-
-
-Part = Callable[[], Awaitable[None]]
 
 
 class TopolvmController:
@@ -237,17 +196,15 @@ class TopolvmController:
         """The pod webhook and its certificates (every replica)."""
         if self.options.webhook_address is None:
             return
-        from topolvm.controller.wiring import start_webhook
-
-        self._stoppers.extend(await start_webhook(self))
+        self._stoppers.extend(
+            await start_webhook(self.options, self.client, self.names, self.metrics)
+        )
 
     async def _run_reconcilers(self) -> None:
-        from topolvm.controller.wiring import run_reconcilers
-
         self.leading = True
         self.metrics.leader.set(1)
         try:
-            await run_reconcilers(self)
+            await run_reconcilers(self.options, self.client, self.names, self.store, self.metrics)
         finally:
             self.leading = False
             self.metrics.leader.set(0)

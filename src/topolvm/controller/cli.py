@@ -15,7 +15,7 @@ from topolvm.k8s.api import KubeError, with_client
 from topolvm.k8s.logicalvolume import InvalidQuantity, parse_quantity
 
 if TYPE_CHECKING:
-    from topolvm.controller.app import ControllerOptions
+    from topolvm.controller.options import ControllerOptions
 
 log = logging.getLogger("topolvm.controller")
 
@@ -117,7 +117,7 @@ def pod_namespace() -> str:
 
 
 def options_from_args(args: argparse.Namespace) -> ControllerOptions:
-    from topolvm.controller.app import ControllerOptions, LeaderOptions
+    from topolvm.controller.options import ControllerOptions, LeaderOptions
     from topolvm.controller.sizing import MinimumAllocations
 
     if args.secure_metrics_server:
@@ -175,7 +175,8 @@ def options_from_args(args: argparse.Namespace) -> ControllerOptions:
 
 
 def run(args: argparse.Namespace) -> int:
-    from topolvm.controller.app import StartupError, serve
+    from topolvm.controller.app import serve
+    from topolvm.controller.options import StartupError
 
     options = options_from_args(args)
     try:

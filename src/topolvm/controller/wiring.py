@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING
 
+from lightkube import AsyncClient
+
+from topolvm.constants import Names
 from topolvm.controller.lvgc import LogicalVolumeGC
+from topolvm.controller.metrics import ControllerMetrics
 from topolvm.controller.nodecleanup import NodeCleanupReconciler
+from topolvm.controller.options import ControllerOptions, Part, StartupError
 from topolvm.controller.pvcresize import PersistentVolumeClaimReconciler
 from topolvm.controller.webhook import (
     ApiPodReader,
@@ -18,9 +22,7 @@ from topolvm.controller.webhook import (
     stop_webhook_server,
 )
 from topolvm.controller.webhookcerts import SelfManagedCerts
-
-if TYPE_CHECKING:
-    from topolvm.controller.app import Part, TopolvmController
+from topolvm.k8s.logicalvolumes import LogicalVolumeStore
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:
@@ -29,28 +31,27 @@ async def _cancel(task: asyncio.Task[None]) -> None:
         await task
 
 
-async def start_webhook(app: TopolvmController) -> list[tuple[str, Part]]:
+async def start_webhook(
+    o: ControllerOptions, client: AsyncClient, names: Names, metrics: ControllerMetrics
+) -> list[tuple[str, Part]]:
     """Certificates from ``--cert-dir`` (cert-manager) or self-managed (a CA and serving
     certificate of the controller's own, kept in a Secret, caBundle written into the
     MutatingWebhookConfiguration); then the HTTPS server. Returns (name, stop) pairs."""
-    from topolvm.controller.app import StartupError
-
-    o = app.options
     assert o.webhook_address is not None
     certs: CertDir | SelfManagedCerts
     try:
         if o.cert_dir:
-            certs = CertDir(o.cert_dir, app.metrics)
+            certs = CertDir(o.cert_dir, metrics)
             certs.load()
         else:
             certs = SelfManagedCerts(
-                app.client, o.namespace, o.webhook_secret_name, o.webhook_configuration_name,
-                o.webhook_service_name, extra_ips=o.webhook_extra_sans, metrics=app.metrics,
+                client, o.namespace, o.webhook_secret_name, o.webhook_configuration_name,
+                o.webhook_service_name, extra_ips=o.webhook_extra_sans, metrics=metrics,
             )  # fmt: skip
             await certs.setup()
         runner = await start_webhook_server(
-            *o.webhook_address, certs.ssl_context, ApiPodReader(app.client), app.names,
-            o.pod_webhook_marker, app.metrics,
+            *o.webhook_address, certs.ssl_context, ApiPodReader(client), names,
+            o.pod_webhook_marker, metrics,
         )  # fmt: skip
     except (WebhookCertError, WebhookServerError) as e:
         raise StartupError(str(e)) from e
@@ -65,26 +66,31 @@ async def start_webhook(app: TopolvmController) -> list[tuple[str, Part]]:
     return [("webhook certificates", stop_certs), ("webhook server", stop_server)]
 
 
-async def run_reconcilers(app: TopolvmController) -> None:
+async def run_reconcilers(
+    o: ControllerOptions,
+    client: AsyncClient,
+    names: Names,
+    store: LogicalVolumeStore,
+    metrics: ControllerMetrics,
+) -> None:
     """Run the Node cleanup, PVC and LogicalVolume-GC reconcilers until cancelled (the leader
     only; each builds its own informers, so followers keep no extra watches)."""
-    o = app.options
     async with asyncio.TaskGroup() as tg:
         tg.create_task(
             NodeCleanupReconciler(
-                app.client, app.names, app.store, app.metrics,
+                client, names, store, metrics,
                 skip_node_finalize=o.skip_node_finalize, resync=o.resync,
             ).run(),
             name="node-cleanup",
         )  # fmt: skip
         tg.create_task(
-            PersistentVolumeClaimReconciler(app.client, app.names, app.metrics, resync=o.resync)
+            PersistentVolumeClaimReconciler(client, names, metrics, resync=o.resync)
             .run(),
             name="pvc",
         )  # fmt: skip
         tg.create_task(
             LogicalVolumeGC(
-                app.client, app.names, app.store, app.metrics,
+                client, names, store, metrics,
                 mode=o.lv_gc, grace=o.lv_gc_grace, interval=o.lv_gc_interval,
             ).run(),
             name="logicalvolume-gc",

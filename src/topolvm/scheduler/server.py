@@ -7,162 +7,27 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 
 import msgspec
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
 from topolvm.config.scheduler import SchedulerConfig, default_config
 from topolvm.constants import Names, names
 from topolvm.metrics import metrics_response
 from topolvm.process import until_terminated
-from topolvm.scheduler.extender import (
-    BadRequest,
-    HostPriority,
-    annotation_lookup,
-    decode_args,
-    decode_node,
-    decode_nodes,
-    decode_raw_nodes,
-    encode_filter_names,
-    encode_filter_nodes,
-    encode_priorities,
-    filter_reason,
-    node_score,
-    requested_capacity,
-    unknown_reason,
-)
+from topolvm.scheduler.extender import BadRequest
+from topolvm.scheduler.metrics import Metrics
 from topolvm.scheduler.nodecache import NodeCache
 from topolvm.scheduler.status import VERBS, State, status_document, wired_text
+from topolvm.scheduler.verbs import Extender
 
 log = logging.getLogger("topolvm.scheduler")
 access_log = logging.getLogger("topolvm.scheduler.access")
 
 DEFAULT_WIRING_WARNING_AFTER = 600.0
-_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 _JSON = "application/json"
-
-
-class Metrics:
-    """The extender's Prometheus metrics, in ``registry``."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
-        self.requests = Counter(
-            "topolvm_scheduler_requests",
-            "HTTP requests received by the scheduler extender, by path and status code",
-            ["path", "code"],
-            registry=registry,
-        )
-        self.latency = Histogram(
-            "topolvm_scheduler_request_duration_seconds",
-            "Time to answer an HTTP request, by path",
-            ["path"],
-            buckets=_LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self.last_request = Gauge(
-            "topolvm_scheduler_last_request_timestamp_seconds",
-            "Unix time of the last /predicate or /prioritize call (from kube-scheduler); "
-            "0 if there was none since start",
-            registry=registry,
-        )
-        self.mode = Gauge(
-            "topolvm_scheduler_mode_info",
-            "Always 1; the labels say how the extender must be wired into kube-scheduler",
-            ["mode", "managed_resource", "node_cache_capable"],
-            registry=registry,
-        )
-        self.cache_nodes = Gauge(
-            "topolvm_scheduler_node_cache_nodes",
-            "Nodes in the extender's node cache (nodeCacheCapable mode)",
-            registry=registry,
-        )
-        self.cache_synced = Gauge(
-            "topolvm_scheduler_node_cache_synced",
-            "1 if the node cache is synced with the API server (nodeCacheCapable mode)",
-            registry=registry,
-        )
-
-
-@dataclass
-class Extender:
-    """Filtering and scoring for one configuration; callable without HTTP (tests, bench)."""
-
-    config: SchedulerConfig = field(default_factory=default_config)
-    cache: NodeCache | None = None
-    names: Names = field(default_factory=names)
-
-    def divisor(self, dc: str) -> float:
-        return self.config.divisors.get(dc, self.config.default_divisor)
-
-    def _need_cache(self) -> NodeCache:
-        if self.cache is None:
-            raise BadRequest(
-                "the request has NodeNames but no Nodes (kube-scheduler is configured with "
-                "nodeCacheCapable: true), but this extender runs without a node cache: start it "
-                "with --node-cache or set nodeCacheCapable: false"
-            )
-        return self.cache
-
-    def predicate(self, body: bytes) -> bytes:
-        args = decode_args(body)
-        requested = requested_capacity(args.pod, self.names)
-        failed: dict[str, str] = {}
-        if args.nodes is not None:
-            raws = decode_raw_nodes(args.nodes)
-            if not requested:
-                return encode_filter_nodes((), failed, whole=args.nodes)
-            passing = []
-            for i, raw in enumerate(raws):
-                meta = decode_node(raw, i)
-                lookup = annotation_lookup(meta.annotations, self.names)
-                reason = filter_reason(lookup, requested, self.names)
-                if reason is None:
-                    passing.append(raw)
-                else:
-                    failed[meta.name] = reason
-            return encode_filter_nodes(passing, failed)
-        node_names = args.node_names or []
-        cache = self._need_cache()
-        if not requested:
-            return encode_filter_names(node_names, failed)
-        view = cache.view()
-        if view.unsynced is not None:
-            reason = unknown_reason(requested, view.unsynced)
-            return encode_filter_names([], dict.fromkeys(node_names, reason))
-        fitting, failed = view.filter(node_names, requested, self.names)
-        return encode_filter_names(fitting, failed)
-
-    def prioritize(self, body: bytes) -> bytes:
-        args = decode_args(body)
-        requested = requested_capacity(args.pod, self.names)
-        if args.nodes is not None:
-            metas = decode_nodes(args.nodes)
-            if not requested:
-                return encode_priorities(None)
-            return encode_priorities(
-                [
-                    HostPriority(
-                        m.name,
-                        node_score(
-                            annotation_lookup(m.annotations, self.names), requested, self.divisor
-                        ),
-                    )
-                    for m in metas
-                ]
-            )
-        cache = self._need_cache()
-        if not requested:
-            return encode_priorities(None)
-        view = cache.view()
-        node_names = args.node_names or []
-        if view.unsynced is not None:
-            return encode_priorities([HostPriority(n, 0) for n in node_names])
-        # Unknown capacity cannot be ranked: 0, like a node without annotations.
-        return view.priorities(node_names, tuple(requested))
 
 
 class AccessLog(AbstractAccessLogger):

@@ -10,10 +10,10 @@ from __future__ import annotations
 import datetime
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from topolvm.scheduler.server import Extender, Metrics
+from topolvm.scheduler.metrics import Metrics
+from topolvm.scheduler.verbs import Extender
 
 VERBS = ("predicate", "prioritize")
 
