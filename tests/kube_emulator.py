@@ -1,8 +1,10 @@
 """A small, faithful Kubernetes API server emulator for tests (aiohttp).
 
-No kube-apiserver can run where the tests run, so the production Kubernetes client
-(lightkube) talks real HTTP to this emulator instead. It implements the parts of the
-API machinery our components rely on, with the real status codes, reasons and messages:
+The real kube-apiserver runs in the cluster tier (devtools/testbed/controlplane.py); this
+emulator serves only what that one cannot be made to do on demand: injected 500s and 409s,
+closed watches, expired resourceVersions, counted requests (docs/testing.md). The production
+Kubernetes client (lightkube) talks real HTTP to it. It implements the parts of the API
+machinery our components rely on, with the real status codes, reasons and messages:
 
 * one global ``resourceVersion`` bumped on every write; create/get/list/replace/patch/delete
   on registered resources, cluster-scoped or namespaced (also listed across namespaces);

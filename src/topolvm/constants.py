@@ -11,8 +11,6 @@ DEFAULT_DEVICE_CLASS_KEY = "00default"
 DEFAULT_SIZE = 1 << 30
 """Size given to a volume whose request is missing or zero."""
 
-MINIMUM_SECTOR_SIZE = 4096
-
 CREATED_BY_LABEL = ("app.kubernetes.io/created-by", "topolvm-controller")
 RESIZEFS_REQUESTED_AT = "topolvm.io/last-resizefs-requested-at"  # always topolvm.io
 LEGACY_DEVICE_DIR = "/dev/topolvm"

@@ -271,7 +271,7 @@ class ControllerService(csi_grpc.ControllerServicer):
             self.inflight.release(req.name)
             self._export_in_flight()
             raise
-        self.inflight.settle(req.name, self._annotation(req.node_name, req.device_class))
+        self.inflight.settle(req.name)
         self._export_in_flight()
         return lv
 

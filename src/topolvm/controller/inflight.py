@@ -51,7 +51,7 @@ class InFlight:
         if name not in self._by_name:
             self._by_name[name] = Reservation(name, node, device_class, size, annotation)
 
-    def settle(self, name: str, annotation: str | None = None) -> None:
+    def settle(self, name: str) -> None:
         """The LV exists. The reservation stays until :meth:`observe` sees the annotation
         changed at least ``settle_delay`` after this: a change seen earlier may be the node
         re-counting for another volume, written before this LV existed."""

@@ -283,10 +283,3 @@ async def start_webhook_server(
 async def stop_webhook_server(runner: web.AppRunner) -> None:
     """Stop accepting connections and finish the requests in flight."""
     await runner.cleanup()
-
-
-def bound_port(runner: web.AppRunner) -> int:
-    """The port the server listens on (useful with port 0)."""
-    for address in runner.addresses:
-        return int(address[1])
-    raise WebhookServerError("the webhook server does not listen")

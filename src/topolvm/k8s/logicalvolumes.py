@@ -154,9 +154,6 @@ class LogicalVolumeStore:
             if (o.get("spec") or {}).get("nodeName") == node_name
         ]
 
-    def cached(self) -> list[LogicalVolumeObject]:
-        return [LogicalVolumeObject.from_dict(o) for o in self.informer.values()]
-
     # -- writes and waits ----------------------------------------------------------------
 
     async def create(self, request: VolumeRequest) -> LogicalVolumeObject:

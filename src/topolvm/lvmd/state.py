@@ -174,10 +174,6 @@ class LvmState:
     def unsubscribe(self, q: asyncio.Queue[None]) -> None:
         self._subscribers.discard(q)
 
-    @property
-    def subscribers(self) -> int:
-        return len(self._subscribers)
-
     def notify(self) -> None:
         for q in self._subscribers:
             if q.empty():

@@ -261,11 +261,6 @@ class NodeCache:
     def synced(self) -> bool:
         return self._synced_at is not None
 
-    @property
-    def synced_at(self) -> float | None:
-        """Clock time of the last :meth:`mark_synced` (``None`` while unsynced)."""
-        return self._synced_at
-
     def use_divisor(self, divisor: Callable[[str], float]) -> None:
         """Score with ``divisor(device_class)`` (the extender's configuration) from now on."""
         self._divisor = divisor
