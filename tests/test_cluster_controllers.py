@@ -36,7 +36,7 @@ from topolvm.controller.metrics import ControllerMetrics
 from topolvm.controller.nodecleanup import SELECTED_NODE, NodeCleanupReconciler
 from topolvm.controller.pvcresize import PersistentVolumeClaimReconciler, parse_rfc3339
 from topolvm.k8s import api
-from topolvm.k8s.logicalvolumes import LogicalVolumeStore
+from topolvm.k8s.lvstore import LogicalVolumeStore
 from topolvm.k8s.runtime import Informer
 
 pytestmark = pytest.mark.cluster

@@ -39,7 +39,7 @@ from tests.lvm_fixtures import THICK
 from tests.test_cluster_scheduler import delete_pods, failed_scheduling
 from topolvm.constants import NORMAL
 from topolvm.k8s import api
-from topolvm.k8s.logicalvolume import parse_quantity
+from topolvm.k8s.lvobject import parse_quantity
 from topolvm.node.exporter import CapacityExporter, NodeMetrics
 from topolvm.node.lvmd_client import SocketLvmd
 from topolvm.proto import lvmd_pb2 as pb

@@ -11,7 +11,7 @@ import yaml
 
 from topolvm.constants import LEGACY, NORMAL, names
 from topolvm.k8s.crd import crd_files, logicalvolume_crd
-from topolvm.k8s.logicalvolume import (
+from topolvm.k8s.lvobject import (
     InvalidQuantity,
     LogicalVolumeObject,
     format_quantity,

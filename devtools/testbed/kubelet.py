@@ -23,7 +23,7 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import PersistentVolume, PersistentVolumeClaim, Pod
 
 from topolvm.k8s import api
-from topolvm.k8s.logicalvolume import parse_quantity
+from topolvm.k8s.lvobject import parse_quantity
 from topolvm.proto import csi_pb2 as csi
 from topolvm.proto import csi_pb2_grpc as csi_grpc
 

@@ -6,7 +6,6 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from importlib import metadata
 
 from topolvm import logs
 from topolvm.config.errors import ConfigError
@@ -15,6 +14,7 @@ from topolvm.doctor import cli as doctor_cli
 from topolvm.lvmd import cli as lvmd_cli
 from topolvm.node import cli as node_cli
 from topolvm.scheduler import cli as scheduler_cli
+from topolvm.version import version
 
 # Upstream's image symlinks component names to one binary; accept being called that way too.
 _ARGV0_COMMANDS = {
@@ -25,13 +25,6 @@ _ARGV0_COMMANDS = {
 }
 # As a kubectl plugin (a link named kubectl-topolvm on PATH): `kubectl topolvm doctor ...`.
 KUBECTL_PLUGIN = "kubectl-topolvm"
-
-
-def _version() -> str:
-    try:
-        return metadata.version("topolvm")
-    except metadata.PackageNotFoundError:  # run from a source tree without installing
-        return "unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("TOPOLVM_LOG_FORMAT", "json"),
         choices=["json", "text"],
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     lvmd_cli.add_parser(sub)
     scheduler_cli.add_parser(sub)

@@ -11,6 +11,10 @@ DEFAULT_DEVICE_CLASS_KEY = "00default"
 DEFAULT_SIZE = 1 << 30
 """Size given to a volume whose request is missing or zero."""
 
+SIZE_ALIGNMENT = 4096
+"""Volume sizes are multiples of this: the controller rounds a request up to it, lvmd refuses a
+thick volume that is not (as upstream)."""
+
 CREATED_BY_LABEL = ("app.kubernetes.io/created-by", "topolvm-controller")
 RESIZEFS_REQUESTED_AT = "topolvm.io/last-resizefs-requested-at"  # always topolvm.io
 LEGACY_DEVICE_DIR = "/dev/topolvm"

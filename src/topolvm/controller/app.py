@@ -27,7 +27,7 @@ from topolvm.csi.server import SocketError, start_unix_server, stop_unix_server
 from topolvm.csi.status import GrpcMetrics
 from topolvm.k8s import api
 from topolvm.k8s.leader import LeaderElector, LeadershipLost
-from topolvm.k8s.logicalvolumes import LogicalVolumeStore
+from topolvm.k8s.lvstore import LogicalVolumeStore
 from topolvm.k8s.runtime import Informer
 from topolvm.metrics import MetricsServerError, start_metrics_server
 from topolvm.process import bounded, until_terminated

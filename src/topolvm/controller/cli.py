@@ -12,7 +12,7 @@ from topolvm.cliargs import add_bool_flag, bind_address, go_duration
 from topolvm.config.errors import ConfigError
 from topolvm.constants import DEFAULT_CSI_SOCKET, legacy_from_env, names
 from topolvm.k8s.api import KubeError, with_client
-from topolvm.k8s.logicalvolume import InvalidQuantity, parse_quantity
+from topolvm.k8s.lvobject import InvalidQuantity, parse_quantity
 
 if TYPE_CHECKING:
     from topolvm.controller.options import ControllerOptions

@@ -31,8 +31,8 @@ from topolvm.controller.sizing import (
 from topolvm.csi import status
 from topolvm.csi.locks import KeyedLocks
 from topolvm.k8s import api
-from topolvm.k8s.logicalvolume import LogicalVolumeObject
-from topolvm.k8s.logicalvolumes import (
+from topolvm.k8s.lvobject import LogicalVolumeObject
+from topolvm.k8s.lvstore import (
     AmbiguousVolumeId,
     IncompatibleVolume,
     LogicalVolumeStore,

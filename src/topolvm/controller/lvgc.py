@@ -40,8 +40,8 @@ from lightkube.resources.core_v1 import PersistentVolume
 from topolvm.constants import Names
 from topolvm.controller.metrics import ControllerMetrics
 from topolvm.k8s import api
-from topolvm.k8s.logicalvolume import InvalidQuantity, LogicalVolumeObject
-from topolvm.k8s.logicalvolumes import LogicalVolumeStore
+from topolvm.k8s.lvobject import InvalidQuantity, LogicalVolumeObject
+from topolvm.k8s.lvstore import LogicalVolumeStore
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from lightkube.resources.storage_v1 import StorageClass
 from topolvm.constants import Names
 from topolvm.controller.metrics import ControllerMetrics
 from topolvm.k8s import api
-from topolvm.k8s.logicalvolumes import LogicalVolumeStore
+from topolvm.k8s.lvstore import LogicalVolumeStore
 from topolvm.k8s.runtime import Controller, Informer, Reconcile, Result
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ import jsonpatch
 
 from topolvm.capacity_annotations import class_key, encode_pod
 from topolvm.constants import DEFAULT_SIZE, Names
-from topolvm.k8s.logicalvolume import InvalidQuantity, parse_quantity
+from topolvm.k8s.lvobject import InvalidQuantity, parse_quantity
 
 Obj = dict[str, Any]
 DecisionKind = Literal["mutated", "allowed", "denied", "errored"]

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from topolvm.constants import SIZE_ALIGNMENT
+
 GiB = 1 << 30
-ALIGN = 4096
 
 
 class SizingError(ValueError):
@@ -40,11 +41,11 @@ def volume_size(required: int, limit: int) -> int:
     if required == 0:
         if limit == 0 or limit >= GiB:
             return GiB
-        size = limit // ALIGN * ALIGN
+        size = limit // SIZE_ALIGNMENT * SIZE_ALIGNMENT
         if size == 0:
-            raise SizingError(f"limit {limit} is smaller than one {ALIGN}-byte block")
+            raise SizingError(f"limit {limit} is smaller than one {SIZE_ALIGNMENT}-byte block")
         return size
-    size = -(-required // ALIGN) * ALIGN
+    size = -(-required // SIZE_ALIGNMENT) * SIZE_ALIGNMENT
     if limit and size > limit:
         raise SizingError(f"required bytes {required} rounded up to {size} exceed limit {limit}")
     return size

@@ -22,7 +22,7 @@ from topolvm.controller.webhook import (
     stop_webhook_server,
 )
 from topolvm.controller.webhookcerts import SelfManagedCerts
-from topolvm.k8s.logicalvolumes import LogicalVolumeStore
+from topolvm.k8s.lvstore import LogicalVolumeStore
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.metadata
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -17,6 +16,7 @@ from topolvm.constants import Names
 from topolvm.k8s import api
 from topolvm.proto import csi_pb2 as csi
 from topolvm.proto import csi_pb2_grpc as csi_grpc
+from topolvm.version import version
 
 log = logging.getLogger(__name__)
 
@@ -25,13 +25,6 @@ Check = Callable[[], Awaitable[None]]
 
 DEFAULT_INTERVAL = 60.0
 CHECK_TIMEOUT = 10.0
-
-
-def vendor_version() -> str:
-    try:
-        return importlib.metadata.version("topolvm")
-    except importlib.metadata.PackageNotFoundError:
-        return "devel"
 
 
 class ReadinessChecker:
@@ -97,7 +90,7 @@ class IdentityService(csi_grpc.IdentityServicer):
         check_timeout: float = CHECK_TIMEOUT,
     ):
         self.names = names
-        self.version = vendor_version()
+        self.version = version()
         self.checker = ReadinessChecker(checks, interval, check_timeout)
 
     async def start(self) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from topolvm.capacity_annotations import class_key, decode_node, parse_node_value
 from topolvm.constants import LEGACY, NORMAL, Names
-from topolvm.k8s.logicalvolume import InvalidQuantity, parse_quantity
+from topolvm.k8s.lvobject import InvalidQuantity, parse_quantity
 
 Obj = dict[str, Any]
 BOTH = (NORMAL, LEGACY)

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import grpc
 
 from topolvm.config.lvmd import DeviceClass, LvmdConfig
+from topolvm.constants import SIZE_ALIGNMENT
 from topolvm.csi import status
 from topolvm.lvm import validate
 from topolvm.lvm.errors import InvalidInput, LvmError
@@ -32,7 +33,6 @@ from topolvm.proto import lvmd_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
-SECTOR = 4096
 # A Watch report follows a change once lvmd has been idle for WATCH_QUIET seconds, and at the
 # latest WATCH_LIMIT seconds after it, even while changes keep coming.
 WATCH_QUIET = 0.25
@@ -168,10 +168,10 @@ class Lvmd(pb_grpc.LVServiceServicer, pb_grpc.VGServiceServicer):
                 raise status.Internal(
                     f"unsupported lvcreate-option-class target: {request.lvcreate_option_class}",
                 )
-            if not dc.is_thin and size % SECTOR:
+            if not dc.is_thin and size % SIZE_ALIGNMENT:
                 raise status.Internal(
-                    f"cannot create volume as given size is not a multiple of {SECTOR} and could "
-                    f"get rejected: size_bytes={size}",
+                    f"cannot create volume as given size is not a multiple of {SIZE_ALIGNMENT} "
+                    f"and could get rejected: size_bytes={size}",
                 )
             argv = self._lvcreate_argv(pool, name, size, tags, options)
             # even if this RPC is cancelled, the next read refreshes

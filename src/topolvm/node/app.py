@@ -20,7 +20,7 @@ from topolvm.csi.identity import IdentityService, csidriver_check
 from topolvm.csi.server import SocketError, start_unix_server, stop_unix_server
 from topolvm.csi.status import GrpcMetrics
 from topolvm.k8s import api
-from topolvm.k8s.logicalvolumes import LogicalVolumeStore
+from topolvm.k8s.lvstore import LogicalVolumeStore
 from topolvm.k8s.runtime import Controller, Informer
 from topolvm.lvmd.server import Options
 from topolvm.metrics import MetricsServerError, start_metrics_server

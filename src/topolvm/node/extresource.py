@@ -31,7 +31,7 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node
 
 from topolvm.k8s import api
-from topolvm.k8s.logicalvolume import InvalidQuantity, parse_quantity
+from topolvm.k8s.lvobject import InvalidQuantity, parse_quantity
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from lightkube import ApiError, AsyncClient
 
 from topolvm.constants import CREATED_BY_LABEL, Names
 from topolvm.k8s import api
-from topolvm.k8s.logicalvolume import InvalidQuantity, LogicalVolumeObject, status_dict
+from topolvm.k8s.lvobject import InvalidQuantity, LogicalVolumeObject, status_dict
 from topolvm.k8s.runtime import Controller, Informer, ReconcileError, Result, resource_version
 from topolvm.node.lvmd_client import LvmdCallError, LvmdClient
 from topolvm.proto import lvmd_pb2 as pb

@@ -18,7 +18,7 @@ from lightkube import ApiError, AsyncClient
 
 from topolvm.constants import Names
 from topolvm.k8s import api
-from topolvm.k8s.logicalvolume import LogicalVolumeObject, format_quantity
+from topolvm.k8s.lvobject import LogicalVolumeObject, format_quantity
 from topolvm.k8s.runtime import Informer
 
 log = logging.getLogger(__name__)
