@@ -338,12 +338,11 @@ def run(
         if boot.log_file.exists():
             console += boot.log_file.read_text(errors="replace")
         if not boot.rc_file.exists():
-            panic = panic_lines(console)
-            raise UmlError(
-                f"UML exited ({proc.returncode}) without the command's status; "
-                + (f"the guest's kernel panicked:\n{panic}" if panic else "console:\n")
-                + ("" if panic else console[-4000:])
-            )
+            if (panic := panic_lines(console)) is not None:
+                detail = f"the guest's kernel panicked:\n{panic}"
+            else:
+                detail = "console:\n" + console[-4000:]
+            raise UmlError(f"UML exited ({proc.returncode}) without the command's status; {detail}")
         return UmlResult(int(boot.rc_file.read_text().strip() or 1), console)
 
 
