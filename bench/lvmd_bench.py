@@ -94,7 +94,7 @@ async def measure() -> dict[str, tuple[float, float, float]]:
         results["GetLVList@500 first call after changes / lvs"] = summarize([cold], base)
     finally:
         await client.channel.close(None)
-        await client.server.stop(grace=5)
+        await client.server.stop()
     return results
 
 

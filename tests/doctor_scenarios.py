@@ -1,5 +1,5 @@
 """Small clusters as ``topolvm doctor`` reads them (plain JSON objects), one broken and one
-healthy per check, for the pure tests of each check (test_doctor_checks.py). The same states
+healthy per check, for the pure tests of each check (test_unit_doctor_checks.py). The same states
 are built for real on the control plane in test_cluster_doctor.py."""
 
 from __future__ import annotations

@@ -124,7 +124,7 @@ async def lvmd_factory(tmp_path: Path) -> AsyncIterator[Any]:
     yield make
     for c in started:
         await c.channel.close(None)
-        await c.server.stop(grace=5)
+        await c.server.stop()
 
 
 def write_config(path: Path, raw: dict[str, Any]) -> Path:

@@ -17,7 +17,7 @@ from typing import Any, cast
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
-from lightkube import ApiError, AsyncClient, codecs
+from lightkube import AsyncClient, codecs
 from lightkube.resources.admissionregistration_v1 import MutatingWebhookConfiguration
 from lightkube.resources.core_v1 import (
     Namespace,
@@ -194,20 +194,15 @@ def marker(p: Obj) -> list[tuple[str, str | None, str | None]]:
     return out
 
 
-async def ignore_missing(what: Any) -> None:
-    try:
-        await what
-    except ApiError as e:
-        if not api.is_not_found(e):
-            raise
-
-
 @contextlib.asynccontextmanager
 async def webhook(
-    cp: ControlPlane, client: AsyncClient, *, marker_mode: bool, configure: bool = True
-) -> AsyncIterator[Hook]:
+    cp: ControlPlane, client: AsyncClient, *, marker_mode: bool, configure: bool = True,
+    periodic_checks: bool = True,
+) -> AsyncIterator[Hook]:  # fmt: skip
     """A namespace, StorageClasses, the self-managed certificate, the webhook server and the
-    configuration (unless ``configure`` is False); everything is removed afterwards."""
+    configuration (unless ``configure`` is False), and the certificate's periodic checks
+    (unless ``periodic_checks`` is False: they would restore this hook's caBundle within
+    0.2 s); everything is removed afterwards."""
     ns = unique("webhook")
     classes = {role: unique(f"wh-{role}") for role in ("ssd", "plain", "foreign")}
     registry = CollectorRegistry()
@@ -231,23 +226,23 @@ async def webhook(
             "127.0.0.1", port, certs.ssl_context, ApiPodReader(client), NORMAL, marker_mode,
             metrics,
         )  # fmt: skip
-        task = asyncio.create_task(certs.run())
+        if periodic_checks:
+            task = asyncio.create_task(certs.run())
         await eventually(  # pods need it (ServiceAccount admission)
             "the default ServiceAccount",
             lambda: api.get(client, ServiceAccount, "default", namespace=ns),
         )
         yield hook
     finally:
-        await ignore_missing(client.delete(MutatingWebhookConfiguration, ns))
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await api.delete(client, MutatingWebhookConfiguration, ns)
+        if task is not None:  # as the controller stops it: the round in progress finishes
+            certs.stop()
+            await task
         if runner is not None:
             await stop_webhook_server(runner)
         for sc_name in classes.values():
-            await ignore_missing(client.delete(StorageClass, sc_name))
-        await ignore_missing(client.delete(Namespace, ns))
+            await api.delete(client, StorageClass, sc_name)
+        await api.delete(client, Namespace, ns)
 
 
 async def served_by_api_server(hook: Hook) -> None:
@@ -347,7 +342,7 @@ async def test_a_bound_topolvm_pvc_leaves_the_pod_unmutated(
             assert marker(stored) == [("c0", None, None), ("c1", None, None)]
             assert "Warning" not in stderr
         finally:
-            await ignore_missing(cluster_client.delete(PersistentVolume, pv))
+            await api.delete(cluster_client, PersistentVolume, pv)
 
 
 def der(pem: bytes) -> bytes:
@@ -367,7 +362,9 @@ async def served_cert(port: int, ca: bytes) -> bytes:
 async def test_replicas_share_the_secret_and_a_lost_race_uses_the_winners(
     control_plane: ControlPlane, cluster_client: AsyncClient
 ) -> None:
-    async with webhook(control_plane, cluster_client, marker_mode=False) as hook:
+    async with webhook(
+        control_plane, cluster_client, marker_mode=False, periodic_checks=False
+    ) as hook:
         stored = await hook.secret_bundle()
         assert hook.certs.loaded == stored
         assert await hook.ca_bundles() == [base64.b64encode(stored.ca_crt).decode()]

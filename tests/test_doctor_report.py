@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests import doctor_scenarios as s
-from tests.test_doctor_checks import seed
+from tests.test_unit_doctor_checks import seed
 from topolvm.doctor.model import Check, Finding
 from topolvm.doctor.render import as_json, as_text
 from topolvm.doctor.run import diagnose

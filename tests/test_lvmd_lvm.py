@@ -14,7 +14,8 @@ import pytest
 
 from tests.lvm_fixtures import THICK, THIN, GiB, LvmdClient, VolumeGroups, lvm
 from topolvm.config.lvmd import LvmdConfig
-from topolvm.lvmd.server import LvmdServer, StartupError
+from topolvm.daemon import StartupError
+from topolvm.lvmd.server import LvmdServer
 from topolvm.proto import lvmd_pb2 as pb
 
 pytestmark = pytest.mark.uml
@@ -529,7 +530,7 @@ async def test_socket_mode_and_graceful_stop(thick: LvmdClient) -> None:
         thick.lv.CreateLV(pb.CreateLVRequest(name="inflight", size_bytes=GiB))
     )
     await asyncio.sleep(0.05)
-    await thick.server.stop(grace=30)
+    await thick.server.stop()  # in-flight calls get SHUTDOWN_GRACE
     resp = await create
     assert resp.volume.name == "inflight"
     assert "inflight" in lv_report("vg1")

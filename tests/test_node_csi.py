@@ -23,13 +23,13 @@ import pytest
 from tests.lvm_fixtures import VolumeGroups
 from topolvm.constants import LEGACY_DEVICE_DIR, Names, names
 from topolvm.csi.identity import IdentityService
-from topolvm.csi.server import start_unix_server, stop_unix_server
 from topolvm.node import mounter
 from topolvm.node.csi_node import NodeService
 from topolvm.node.lvmd_client import SocketLvmd
 from topolvm.proto import csi_pb2 as csi
 from topolvm.proto import csi_pb2_grpc as csi_grpc
 from topolvm.proto import lvmd_pb2 as lvmd_pb
+from topolvm.rpc.server import start_unix_server, stop_unix_server
 
 pytestmark = pytest.mark.uml
 
@@ -764,10 +764,10 @@ async def test_unpublish_never_published_and_legacy_device(env: Env) -> None:
 
 
 async def test_rpcs_are_logged(env: Env, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="topolvm.csi.status")
+    caplog.set_level(logging.INFO, logger="topolvm.rpc.status")
     await env.unpublish("fake-vol-id", env.target("log"))
     await code_of(env.stats("fake-vol-id", "some/path"))
-    records = [r for r in caplog.records if r.name == "topolvm.csi.status"]
+    records = [r for r in caplog.records if r.name == "topolvm.rpc.status"]
     by_rpc = {getattr(r, "rpc", ""): r for r in records}
     ok = by_rpc["NodeUnpublishVolume"]
     assert (getattr(ok, "volume_id", None), getattr(ok, "code", None)) == ("fake-vol-id", "OK")

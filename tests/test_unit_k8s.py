@@ -1,15 +1,21 @@
-"""Host unit tests: quantities, the LogicalVolume view, CRD manifests, names, the work queue."""
+"""Host unit tests: quantities, the LogicalVolume view, CRD manifests, names, the work queue,
+the typed Kubernetes errors."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx2
 import pytest
 import yaml
+from lightkube import ApiError
+from lightkube.models.meta_v1 import Status
 
 from topolvm.constants import LEGACY, NORMAL, names
+from topolvm.k8s import errors as kube
 from topolvm.k8s.crd import crd_files, logicalvolume_crd
 from topolvm.k8s.lvobject import (
     InvalidQuantity,
@@ -222,3 +228,72 @@ async def test_requeue_after_and_earliest_delay_wins() -> None:
     assert key == "k"
     q.done("k")
     q.close()
+
+
+def _api_error(code: int, reason: str) -> ApiError:
+    return ApiError(status=Status(code=code, reason=reason, message=f"{reason} happened"))
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "kind", "transient"),
+    [
+        (400, "BadRequest", kube.BadRequest, False),
+        (401, "Unauthorized", kube.Unauthorized, False),
+        (403, "Forbidden", kube.Forbidden, False),
+        (404, "NotFound", kube.NotFound, False),
+        (409, "Conflict", kube.Conflict, True),
+        (409, "AlreadyExists", kube.AlreadyExists, False),
+        (410, "Expired", kube.Gone, False),
+        (422, "Invalid", kube.Invalid, False),
+        (429, "TooManyRequests", kube.TooManyRequests, True),
+        (500, "InternalError", kube.ServerError, True),
+        (503, "ServiceUnavailable", kube.ServerError, True),
+        (418, "Teapot", kube.StatusError, False),
+    ],
+)
+def test_api_errors_are_typed_by_status(
+    code: int, reason: str, kind: type[kube.StatusError], transient: bool
+) -> None:
+    with pytest.raises(kube.KubeError) as caught, kube.translated():
+        raise _api_error(code, reason)
+    e = caught.value
+    assert type(e) is kind and isinstance(e, kube.StatusError)
+    assert (e.code, e.reason, e.message) == (code, reason, f"{reason} happened")
+    assert isinstance(e.__cause__, ApiError)  # the library's error stays chained
+    assert str(e) == kube.describe(e) == f"{code} {reason}: {reason} happened"
+    assert kube.is_transient(e) is transient
+    assert kube.is_transient(e.__cause__) is transient  # the raw error is judged the same way
+
+
+def test_transport_errors_are_unreachable_and_other_errors_pass_through() -> None:
+    with pytest.raises(kube.Unreachable) as caught, kube.translated():
+        raise httpx2.ConnectError("connection refused")
+    assert "cannot reach the Kubernetes API: ConnectError: connection refused" in str(caught.value)
+    assert kube.is_transient(caught.value)
+    with pytest.raises(ValueError), kube.translated():  # not the client libraries': untouched
+        raise ValueError("a bug")
+    assert kube.describe(ValueError("a bug")) == "ValueError: a bug"
+    assert not kube.is_transient(ValueError("a bug"))
+
+
+async def test_a_translated_watch_raises_typed_errors_and_closes_its_stream() -> None:
+    closed: list[bool] = []
+
+    async def watch() -> AsyncIterator[int]:
+        try:
+            yield 1
+            raise _api_error(410, "Expired")
+        finally:
+            closed.append(True)
+
+    got: list[int] = []
+    with pytest.raises(kube.Gone):
+        async for item in kube.translated_stream(watch()):
+            got.append(item)
+    assert got == [1] and closed == [True]
+
+    closed.clear()
+    stream = kube.translated_stream(watch())
+    assert await anext(stream) == 1
+    await stream.aclose()  # the caller stops early: the watch is closed too
+    assert closed == [True]

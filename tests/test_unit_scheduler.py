@@ -10,7 +10,7 @@ import yaml
 from topolvm.config.errors import ConfigError
 from topolvm.config.scheduler import load_scheduler_config, parse_scheduler_config
 from topolvm.constants import LEGACY, NORMAL
-from topolvm.scheduler import wiring
+from topolvm.scheduler import schedulerconfig
 from topolvm.scheduler.extender import capacity_score
 from topolvm.scheduler.nodecache import NodeCache
 
@@ -126,7 +126,7 @@ def _extender(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_print_config_default_mode_needs_no_extended_resource() -> None:
-    doc = yaml.safe_load(wiring.scheduler_configuration(plugin_names=NORMAL))
+    doc = yaml.safe_load(schedulerconfig.scheduler_configuration(plugin_names=NORMAL))
     assert doc["apiVersion"] == "kubescheduler.config.k8s.io/v1"
     assert doc["kind"] == "KubeSchedulerConfiguration"
     assert doc["clientConnection"]["kubeconfig"] == "/etc/kubernetes/scheduler.conf"
@@ -141,7 +141,7 @@ def test_print_config_default_mode_needs_no_extended_resource() -> None:
 
 
 def test_print_config_node_cache_and_managed_resource() -> None:
-    text = wiring.scheduler_configuration(
+    text = schedulerconfig.scheduler_configuration(
         "http://topolvm-scheduler.topolvm-system:9251/",
         node_cache=True,
         managed_resource=True,
@@ -156,7 +156,9 @@ def test_print_config_node_cache_and_managed_resource() -> None:
     assert ext["managedResources"] == [
         {"name": "topolvm.cybozu.com/capacity", "ignoredByScheduler": True}
     ]
-    stanza = yaml.safe_load(wiring.extender_stanza(managed_resource=True, plugin_names=NORMAL))
+    stanza = yaml.safe_load(
+        schedulerconfig.extender_stanza(managed_resource=True, plugin_names=NORMAL)
+    )
     assert stanza[0]["managedResources"][0]["name"] == "topolvm.io/capacity"
     with pytest.raises(ValueError, match="weight"):
-        wiring.extender_stanza(weight=0)
+        schedulerconfig.extender_stanza(weight=0)

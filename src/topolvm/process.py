@@ -69,3 +69,11 @@ async def bounded(what: str, step: Awaitable[None], timeout: float = 15.0) -> No
         await asyncio.wait_for(step, timeout)
     except TimeoutError:
         log.error(f"shutdown: {what} did not stop within {timeout}s; going on")
+
+
+async def stopped_within(stop: asyncio.Event, seconds: float) -> bool:
+    """Sleep ``seconds``, or less if ``stop`` is set meanwhile; True if it is set. For loops
+    that stop between rounds rather than being cancelled half-way through one."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+    return stop.is_set()

@@ -1,4 +1,4 @@
-"""topolvm-controller's wiring: informers, the CSI server, health, metrics, the pod webhook
+"""topolvm-controller assembled: informers, the CSI server, health, metrics, the pod webhook
 (every replica) and the reconcilers (the elected leader only)."""
 
 from __future__ import annotations
@@ -7,8 +7,7 @@ import asyncio
 import logging
 import socket
 import uuid
-from collections.abc import Awaitable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 import grpc
 from aiohttp import web
@@ -17,21 +16,21 @@ from lightkube.resources.core_v1 import Node
 from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
+from topolvm import daemon
 from topolvm.controller.csi_controller import ControllerService
 from topolvm.controller.inflight import InFlight
 from topolvm.controller.metrics import ControllerMetrics
-from topolvm.controller.options import ControllerOptions, Part, StartupError
-from topolvm.controller.wiring import run_reconcilers, start_webhook
+from topolvm.controller.options import ControllerOptions
+from topolvm.controller.parts import run_reconcilers, start_webhook
 from topolvm.csi.identity import IdentityService, csidriver_check
-from topolvm.csi.server import SocketError, start_unix_server, stop_unix_server
-from topolvm.csi.status import GrpcMetrics
+from topolvm.daemon import Parts, StartupError, serve_grpc, serve_http, serve_metrics
 from topolvm.k8s import api
+from topolvm.k8s import errors as kube
 from topolvm.k8s.leader import LeaderElector, LeadershipLost
 from topolvm.k8s.lvstore import LogicalVolumeStore
 from topolvm.k8s.runtime import Informer
-from topolvm.metrics import MetricsServerError, start_metrics_server
-from topolvm.process import bounded, until_terminated
 from topolvm.proto import csi_pb2_grpc as csi_grpc
+from topolvm.rpc.status import GrpcMetrics
 
 log = logging.getLogger("topolvm.controller")
 
@@ -88,18 +87,15 @@ class TopolvmController:
         )
         self.identity.grpc_metrics = self.service.grpc_metrics
         self.leading = False
-        self._tasks: list[asyncio.Task[None]] = []
-        self._server: grpc.aio.Server | None = None
-        self._runners: list[web.AppRunner] = []
-        self._stoppers: list[tuple[str, Part]] = []
-        self.failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+        self._serving = False
+        self.parts = Parts("topolvm-controller")
 
     # -- health ----------------------------------------------------------------------------
 
     def ready(self) -> tuple[bool, str]:
         if not self.lv_informer.synced.is_set() or not self.node_informer.synced.is_set():
             return False, "informer caches are not synced yet"
-        if self._server is None:
+        if not self._serving:
             return False, "CSI server is not running"
         return True, "ok"
 
@@ -116,17 +112,6 @@ class TopolvmController:
         app.router.add_get("/readyz", readyz)
         return app
 
-    async def _serve_http(self, app: web.Application, address: tuple[str, int], what: str) -> None:
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, *address).start()
-        except OSError as e:
-            await runner.cleanup()
-            where = f"{address[0]}:{address[1]}"
-            raise StartupError(f"cannot listen for {what} on {where}: {e}") from e
-        self._runners.append(runner)
-
     # -- start / stop ----------------------------------------------------------------------
 
     async def check_api(self, attempts: int = 30) -> None:
@@ -137,54 +122,36 @@ class TopolvmController:
                 await api.list_all(self.client, api.logicalvolume_resource(self.names))
                 return
             except Exception as e:
-                if api.is_transient(e) and attempt < attempts:
-                    log.info(f"waiting for the API server: {api.describe(e)}")
+                if kube.is_transient(e) and attempt < attempts:
+                    log.info(f"waiting for the API server: {kube.describe(e)}")
                     await asyncio.sleep(1.0)
                     continue
                 raise StartupError(
-                    f"cannot list LogicalVolumes of {self.names.group}: {api.describe(e)} "
+                    f"cannot list LogicalVolumes of {self.names.group}: {kube.describe(e)} "
                     "(is the CRD installed and the controller allowed to read it?)"
                 ) from e
 
-    def _spawn(self, coro: Awaitable[None], name: str) -> None:
-        async def guarded() -> None:
-            try:
-                await coro
-            except asyncio.CancelledError:
-                raise
-            except BaseException as e:
-                log.exception(f"{name} failed")
-                if not self.failed.done():
-                    self.failed.set_result(e)
-
-        self._tasks.append(asyncio.create_task(guarded(), name=name))
-
     async def start(self) -> None:
         await self.check_api()
-        self._spawn(self.lv_informer.run(), "logicalvolume-informer")
-        self._spawn(self.node_informer.run(), "node-informer")
+        self.parts.spawn(self.lv_informer.run(), "logicalvolume-informer")
+        self.parts.spawn(self.node_informer.run(), "node-informer")
         await self.identity.start()
+        self.parts.on_stop("readiness checker", self.identity.stop)
         identity, service = self.identity, self.service
 
         def register(server: grpc.aio.Server) -> None:
             csi_grpc.add_IdentityServicer_to_server(identity, server)
             csi_grpc.add_ControllerServicer_to_server(service, server)
 
-        try:
-            self._server = await start_unix_server(self.options.csi_socket, register)
-        except SocketError as e:
-            raise StartupError(str(e)) from e
+        await serve_grpc(self.parts, self.options.csi_socket, register)
+        self._serving = True
+        self.parts.on_stop("readiness", self._not_serving)
         if self.options.health_address is not None:
-            await self._serve_http(self._health_app(), self.options.health_address, "health")
-        if self.options.metrics_address is not None:
-            try:
-                self._runners.append(
-                    await start_metrics_server(self.registry, *self.options.metrics_address)
-                )
-            except MetricsServerError as e:
-                raise StartupError(str(e)) from e
-        await self._start_webhook()
-        self._spawn(self._lead(), "leader-election")
+            await serve_http(self.parts, self._health_app(), self.options.health_address, "health")
+        await serve_metrics(self.parts, self.registry, self.options.metrics_address)
+        if self.options.webhook_address is not None:  # every replica serves the pod webhook
+            await start_webhook(self.parts, self.options, self.client, self.names, self.metrics)
+        self.parts.spawn(self._lead(), "leader-election")
         log.info(
             "topolvm-controller started",
             extra={"csi_socket": self.options.csi_socket, "plugin": self.names.plugin,
@@ -192,13 +159,8 @@ class TopolvmController:
                    "leader_election": self.options.leader is not None},
         )  # fmt: skip
 
-    async def _start_webhook(self) -> None:
-        """The pod webhook and its certificates (every replica)."""
-        if self.options.webhook_address is None:
-            return
-        self._stoppers.extend(
-            await start_webhook(self.options, self.client, self.names, self.metrics)
-        )
+    async def _not_serving(self) -> None:
+        self._serving = False
 
     async def _run_reconcilers(self) -> None:
         self.leading = True
@@ -228,35 +190,9 @@ class TopolvmController:
             raise StartupError(f"leader election lost: {e}") from e
 
     async def stop(self) -> None:
-        if self._server is not None:
-            server, self._server = self._server, None
-            await bounded("CSI server", stop_unix_server(server, self.options.csi_socket, 10))
-        await bounded("readiness checker", self.identity.stop())
-        for what, stop in reversed(self._stoppers):
-            await bounded(what, stop())
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=15.0)
-        for runner in self._runners:
-            await bounded("HTTP server", runner.cleanup())
+        await self.parts.stop()
         log.info("topolvm-controller stopped")
 
 
 async def serve(client: AsyncClient, options: ControllerOptions) -> None:
-    controller = TopolvmController(client, options)
-    try:
-        await controller.start()
-    except BaseException:
-        await controller.stop()
-        raise
-    terminated = asyncio.ensure_future(until_terminated())
-    failed = controller.failed
-    either: list[asyncio.Future[Any]] = [terminated, failed]
-    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-    terminated.cancel()
-    log.info("shutting down")
-    await controller.stop()
-    if failed.done():
-        error = failed.result()
-        raise StartupError(f"a part of topolvm-controller failed: {error}") from error
+    await daemon.serve(TopolvmController(client, options))

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 from typing import TYPE_CHECKING
 
+from topolvm import daemon
 from topolvm.cliargs import add_bool_flag, bind_address, go_duration
 from topolvm.config.errors import ConfigError
 from topolvm.constants import DEFAULT_CSI_SOCKET, legacy_from_env, names
-from topolvm.k8s.api import KubeError, with_client
+from topolvm.k8s.api import with_client
+from topolvm.k8s.errors import KubeError
 from topolvm.k8s.lvobject import InvalidQuantity, parse_quantity
 
 if TYPE_CHECKING:
@@ -176,12 +177,7 @@ def options_from_args(args: argparse.Namespace) -> ControllerOptions:
 
 def run(args: argparse.Namespace) -> int:
     from topolvm.controller.app import serve
-    from topolvm.controller.options import StartupError
 
     options = options_from_args(args)
-    try:
-        asyncio.run(with_client(args.kubeconfig, lambda client: serve(client, options)))
-    except (StartupError, KubeError) as e:
-        log.error(f"topolvm-controller cannot start: {e}")
-        return 1
-    return 0
+    main = with_client(args.kubeconfig, lambda client: serve(client, options))
+    return daemon.run("topolvm-controller", main, KubeError)

@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 import grpc
-from lightkube import ApiError
 
 from topolvm import capacity_annotations
 from topolvm.constants import Names
@@ -28,9 +27,7 @@ from topolvm.controller.sizing import (
     node_from_topology,
     volume_size,
 )
-from topolvm.csi import status
-from topolvm.csi.locks import KeyedLocks
-from topolvm.k8s import api
+from topolvm.k8s import errors as kube
 from topolvm.k8s.lvobject import LogicalVolumeObject
 from topolvm.k8s.lvstore import (
     AmbiguousVolumeId,
@@ -41,6 +38,8 @@ from topolvm.k8s.lvstore import (
 )
 from topolvm.proto import csi_pb2 as csi
 from topolvm.proto import csi_pb2_grpc as csi_grpc
+from topolvm.rpc import status
+from topolvm.rpc.locks import KeyedLocks
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +75,12 @@ def _translate(e: Exception) -> status.StatusError | None:
         return status.from_code(e.code, e.message)
     if isinstance(e, AmbiguousVolumeId):
         return status.Internal(str(e))
-    if isinstance(e, ApiError):
-        return status.Internal(f"Kubernetes API: {api.describe(e)}")
+    if isinstance(e, kube.KubeError):
+        return status.Internal(f"Kubernetes API: {e}")
     return None
+
+
+_NOT_OFFERED = "not implemented by topolvm-controller"
 
 
 def rpc(fn: Any) -> Any:
@@ -385,13 +387,10 @@ class ControllerService(csi_grpc.ControllerServicer):
 
     # -- not offered (not in ControllerGetCapabilities) ------------------------------------
 
-    async def _unimplemented(self, request: Any, context: Ctx) -> Any:
-        raise status.Unimplemented("not implemented by topolvm-controller")
-
-    ControllerPublishVolume = rpc(_unimplemented)
-    ControllerUnpublishVolume = rpc(_unimplemented)
-    ListVolumes = rpc(_unimplemented)
-    ListSnapshots = rpc(_unimplemented)
-    ControllerGetVolume = rpc(_unimplemented)
-    ControllerModifyVolume = rpc(_unimplemented)
-    GetSnapshot = rpc(_unimplemented)
+    ControllerPublishVolume = status.unimplemented(rpc, "ControllerPublishVolume", _NOT_OFFERED)
+    ControllerUnpublishVolume = status.unimplemented(rpc, "ControllerUnpublishVolume", _NOT_OFFERED)
+    ListVolumes = status.unimplemented(rpc, "ListVolumes", _NOT_OFFERED)
+    ListSnapshots = status.unimplemented(rpc, "ListSnapshots", _NOT_OFFERED)
+    ControllerGetVolume = status.unimplemented(rpc, "ControllerGetVolume", _NOT_OFFERED)
+    ControllerModifyVolume = status.unimplemented(rpc, "ControllerModifyVolume", _NOT_OFFERED)
+    GetSnapshot = status.unimplemented(rpc, "GetSnapshot", _NOT_OFFERED)

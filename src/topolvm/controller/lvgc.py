@@ -33,13 +33,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
-from lightkube import ApiError, AsyncClient
+from lightkube import AsyncClient
 from lightkube.generic_resource import create_global_resource
 from lightkube.resources.core_v1 import PersistentVolume
 
 from topolvm.constants import Names
 from topolvm.controller.metrics import ControllerMetrics
 from topolvm.k8s import api
+from topolvm.k8s import errors as kube
 from topolvm.k8s.lvobject import InvalidQuantity, LogicalVolumeObject
 from topolvm.k8s.lvstore import LogicalVolumeStore
 
@@ -138,9 +139,9 @@ class LogicalVolumeGC:
                 except Exception as e:
                     self._count("error")
                     log.warning(
-                        f"LogicalVolume garbage collection scan failed: {api.describe(e)}",
+                        f"LogicalVolume garbage collection scan failed: {kube.describe(e)}",
                         extra={"retry_in": self.interval},
-                        exc_info=not isinstance(e, ApiError),
+                        exc_info=not isinstance(e, kube.KubeError),
                     )
                 await asyncio.sleep(self.interval)
         finally:
@@ -212,12 +213,12 @@ class LogicalVolumeGC:
     async def _snapshot_handles(self) -> set[str] | None:
         try:
             contents, _ = await api.list_all(self.client, self.snapshot_contents)
-        except ApiError as e:
-            level = logging.DEBUG if api.is_not_found(e) else logging.WARNING
+        except kube.KubeError as e:
+            level = logging.DEBUG if isinstance(e, kube.NotFound) else logging.WARNING
             log.log(
                 level,
                 "cannot list VolumeSnapshotContents; snapshot LogicalVolumes (accessType ro) "
-                f"are kept: {api.describe(e)}",
+                f"are kept: {kube.describe(e)}",
             )
             return None
         handles: set[str] = set()

@@ -25,13 +25,14 @@ import asyncio
 import logging
 from typing import Any
 
-from lightkube import ApiError, AsyncClient
+from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node, PersistentVolumeClaim
 from lightkube.resources.storage_v1 import StorageClass
 
 from topolvm.constants import Names
 from topolvm.controller.metrics import ControllerMetrics
 from topolvm.k8s import api
+from topolvm.k8s import errors as kube
 from topolvm.k8s.lvstore import LogicalVolumeStore
 from topolvm.k8s.runtime import Controller, Informer, Reconcile, Result
 
@@ -111,7 +112,7 @@ class NodeCleanupReconciler:
         informer.add_handler(on_event)
 
     def make_controller(self) -> Controller:
-        return Controller("node-cleanup", self.reconcile, workers=self.workers, max_backoff=60.0)
+        return Controller(CONTROLLER_NAME, self.reconcile, workers=self.workers, max_backoff=60.0)
 
     async def run(self) -> None:
         """Watch Nodes and clean up deleted ones until cancelled (cancel to stop)."""
@@ -163,13 +164,9 @@ class NodeCleanupReconciler:
             if not sc or sc not in classes:
                 continue
             ctx = {"node": node, "pvc": meta["name"], "namespace": meta["namespace"]}
-            try:
-                await self.client.delete(
-                    PersistentVolumeClaim, meta["name"], namespace=meta["namespace"]
-                )
-            except ApiError as e:
-                if not api.is_not_found(e):
-                    raise
+            await api.delete(
+                self.client, PersistentVolumeClaim, meta["name"], namespace=meta["namespace"]
+            )
             log.info("deleted PVC of the deleted node", extra={**ctx, "storage_class": sc})
 
     async def _delete_logical_volumes(self, node: str) -> None:
@@ -204,8 +201,6 @@ class NodeCleanupReconciler:
         }
         try:
             await api.patch_merge(self.client, self.volumes.resource, str(meta["name"]), patch)
-        except ApiError as e:
-            if api.is_not_found(e):
-                return False
-            raise
+        except kube.NotFound:
+            return False
         return True

@@ -1,19 +1,11 @@
-"""topolvm-controller's options (from its command line) and its start-up error."""
+"""topolvm-controller's options (from its command line)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from topolvm.constants import Names
 from topolvm.controller.sizing import MinimumAllocations
-
-# A part's stop: awaited at shutdown, in reverse start order.
-Part = Callable[[], Awaitable[None]]
-
-
-class StartupError(Exception):
-    """topolvm-controller cannot start; the message says why and what to check."""
 
 
 @dataclass(frozen=True)

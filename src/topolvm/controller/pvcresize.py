@@ -22,7 +22,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from lightkube import ApiError, AsyncClient
+from lightkube import AsyncClient
 from lightkube.resources.core_v1 import PersistentVolumeClaim, Pod
 from lightkube.resources.storage_v1 import StorageClass
 
@@ -30,6 +30,7 @@ from topolvm.constants import RESIZEFS_REQUESTED_AT, Names
 from topolvm.controller.metrics import ControllerMetrics
 from topolvm.controller.nodecleanup import counted, run_controller
 from topolvm.k8s import api
+from topolvm.k8s import errors as kube
 from topolvm.k8s.runtime import Controller, Informer, Reconcile, Result, object_key
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ class PersistentVolumeClaimReconciler:
         return _AllNamespacesInformer(self.client, PersistentVolumeClaim, resync=self.resync)
 
     def make_controller(self) -> Controller:
-        return Controller("pvc", self.reconcile, workers=self.workers, max_backoff=60.0)
+        return Controller(CONTROLLER_NAME, self.reconcile, workers=self.workers, max_backoff=60.0)
 
     async def run(self) -> None:
         """Watch PVCs in every namespace until cancelled (cancel to stop)."""
@@ -171,10 +172,8 @@ class PersistentVolumeClaimReconciler:
             stored = await api.patch_merge(
                 self.client, PersistentVolumeClaim, meta["name"], patch, namespace=meta["namespace"]
             )
-        except ApiError as e:
-            if api.is_not_found(e):
-                return None
-            raise
+        except kube.NotFound:
+            return None
         removed = [f for f in api.finalizers(pvc) if f in DEPRECATED_PVC_FINALIZERS]
         log.info(
             "removed deprecated PVC finalizers",
@@ -205,10 +204,8 @@ class PersistentVolumeClaimReconciler:
             patch = {"metadata": {"annotations": {RESIZEFS_REQUESTED_AT: now}}}
             try:
                 await api.patch_merge(self.client, Pod, meta["name"], patch, namespace=namespace)
-            except ApiError as e:
-                if api.is_not_found(e):
-                    continue
-                raise
+            except kube.NotFound:
+                continue
             log.info(
                 "asked kubelet to resize the filesystem",
                 extra={"pod": meta["name"], "namespace": namespace, "pvc": claim,

@@ -32,6 +32,7 @@ from topolvm.constants import Names
 from topolvm.controller.metrics import ControllerMetrics
 from topolvm.controller.podmutate import Decision, PodReader, decide
 from topolvm.k8s import api
+from topolvm.process import stopped_within
 
 log = logging.getLogger("topolvm.controller.webhook")
 
@@ -76,16 +77,10 @@ class ApiPodReader:
         self.client = client
 
     async def get_pvc(self, namespace: str, name: str) -> api.Obj | None:
-        try:
-            return await api.get(self.client, PersistentVolumeClaim, name, namespace=namespace)
-        except Exception as e:
-            raise api.KubeError(api.describe(e)) from e
+        return await api.get(self.client, PersistentVolumeClaim, name, namespace=namespace)
 
     async def get_storageclass(self, name: str) -> api.Obj | None:
-        try:
-            return await api.get(self.client, StorageClass, name)
-        except Exception as e:
-            raise api.KubeError(api.describe(e)) from e
+        return await api.get(self.client, StorageClass, name)
 
 
 def not_after(cert_pem: bytes) -> datetime.datetime:
@@ -103,6 +98,7 @@ class CertDir:
         self.metrics, self.poll_interval = metrics, poll_interval
         self.ssl_context = server_ssl_context()
         self._stamp: tuple[Any, ...] | None = None
+        self._stopping = asyncio.Event()
 
     def _files(self) -> tuple[Path, Path]:
         return self.dir / "tls.crt", self.dir / "tls.key"
@@ -156,9 +152,12 @@ class CertDir:
         return True
 
     async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.poll_interval)
+        """Reload when the files change, polling until :meth:`stop`."""
+        while not await stopped_within(self._stopping, self.poll_interval):
             await self.check()
+
+    def stop(self) -> None:
+        self._stopping.set()
 
 
 class BadReview(ValueError):

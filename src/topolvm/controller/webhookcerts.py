@@ -26,7 +26,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from lightkube import ApiError, AsyncClient
+from lightkube import AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.admissionregistration_v1 import MutatingWebhookConfiguration
 from lightkube.resources.core_v1 import Secret
@@ -39,6 +39,8 @@ from topolvm.controller.webhook import (
     server_ssl_context,
 )
 from topolvm.k8s import api
+from topolvm.k8s import errors as kube
+from topolvm.process import stopped_within
 
 log = logging.getLogger("topolvm.controller.webhookcerts")
 
@@ -273,6 +275,7 @@ class SelfManagedCerts:
         self.ssl_context = server_ssl_context()
         self.loaded: CertBundle | None = None
         self.ca_bundle_written = False
+        self._stopping = asyncio.Event()
 
     async def setup(self) -> None:
         """Get (or make) the shared certificate and load it; write the caBundle if the
@@ -295,16 +298,21 @@ class SelfManagedCerts:
         self.ca_bundle_written = await self.write_ca_bundle(bundle.ca_crt)
 
     async def run(self) -> None:
-        """Check periodically (sooner while the caBundle could not be written)."""
+        """Check periodically (sooner while the caBundle could not be written) until
+        :meth:`stop`; a round in progress finishes first, so no write is cut half-way."""
         while True:
-            await asyncio.sleep(
-                self.check_interval if self.ca_bundle_written else self.retry_interval
-            )
+            interval = self.check_interval if self.ca_bundle_written else self.retry_interval
+            if await stopped_within(self._stopping, interval):
+                return
             try:
                 await self.check()
             except Exception as e:
                 self.ca_bundle_written = False
-                log.warning(f"webhook certificate check failed, retrying: {api.describe(e)}")
+                log.warning(f"webhook certificate check failed, retrying: {kube.describe(e)}")
+
+    def stop(self) -> None:
+        """Make :meth:`run` return after the round in progress, if any."""
+        self._stopping.set()
 
     def _secret_ref(self) -> str:
         return f"{self.namespace}/{self.secret_name}"
@@ -329,17 +337,15 @@ class SelfManagedCerts:
             )
             try:
                 if current is None:
-                    await self.client.create(self._secret(fresh))
+                    await api.create(self.client, self._secret(fresh))
                 else:
                     rv = current["metadata"]["resourceVersion"]
                     patch = {"metadata": {"resourceVersion": rv}, "data": fresh.secret_data()}
                     await api.patch_merge(
                         self.client, Secret, self.secret_name, patch, namespace=self.namespace
                     )
-            except ApiError as e:
-                if api.is_conflict(e):
-                    continue  # another replica won: use theirs
-                raise
+            except kube.Conflict:  # incl. AlreadyExists
+                continue  # another replica won: use theirs
             return fresh
         raise WebhookCertError(f"Secret {self._secret_ref()} keeps changing under us")
 
@@ -374,10 +380,8 @@ class SelfManagedCerts:
             }
             try:
                 await api.patch_merge(self.client, res, name, patch)
-            except ApiError as e:
-                if api.is_conflict(e):
-                    continue
-                raise
+            except kube.Conflict:
+                continue
             log.info("caBundle written", extra={"configuration": name, "webhooks": len(webhooks)})
             return True
         raise WebhookCertError(f"MutatingWebhookConfiguration {name} keeps changing under us")

@@ -1,2 +1,2 @@
-"""What every gRPC server of TopoLVM shares: the status-error tree and the call decorator
-(``status``), UNIX-socket serving (``server``) and the CSI Identity service (``identity``)."""
+"""What the two CSI plugins (topolvm-node and topolvm-controller) share: the CSI Identity
+service (``identity``)."""

@@ -20,7 +20,8 @@ from topolvm.doctor.render import as_json, as_text
 from topolvm.doctor.run import Report, diagnose
 from topolvm.doctor.scope import Scope, ScopeError
 from topolvm.doctor.snapshot import Settings
-from topolvm.k8s.api import KubeError, make_client
+from topolvm.k8s.api import make_client
+from topolvm.k8s.errors import KubeError
 
 CANNOT_CHECK = 2
 

@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx2
-from lightkube import ALL_NS, ApiError, AsyncClient
+from lightkube import ALL_NS, AsyncClient
 from lightkube.core.resource import NamespacedResource
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from prometheus_client.parser import text_string_to_metric_families
@@ -28,6 +28,7 @@ from topolvm.doctor.snapshot import (
     ns_of,
 )
 from topolvm.k8s import api
+from topolvm.k8s import errors as kube
 
 log = logging.getLogger("topolvm.doctor")
 CHUNK = 500
@@ -84,7 +85,8 @@ async def _list(client: AsyncClient, res: Any, **kw: Any) -> list[Obj]:
     """Every object of ``res`` (of every namespace, unless ``namespace`` is given)."""
     if issubclass(res, NamespacedResource):
         kw.setdefault("namespace", ALL_NS)
-    return [api.to_dict(o) async for o in client.list(res, chunk_size=CHUNK, **kw)]
+    with kube.translated():
+        return [api.to_dict(o) async for o in client.list(res, chunk_size=CHUNK, **kw)]
 
 
 async def collect(client: AsyncClient) -> Snapshot:
@@ -95,14 +97,14 @@ async def collect(client: AsyncClient) -> Snapshot:
     async def read(kind: str, coro: Any) -> None:
         try:
             snap.objects[kind] = await coro
-        except ApiError as e:
-            if api.is_not_found(e) and kind in _OPTIONAL:
+        except kube.NotFound as e:
+            if kind in _OPTIONAL:
                 snap.objects[kind] = []
                 return
-            snap.unreadable[kind] = api.describe(e)
-            log.debug("cannot read %s: %s", kind, api.describe(e))
-        except api.ProxyError as e:
             snap.unreadable[kind] = str(e)
+        except (kube.StatusError, kube.ProxyError) as e:  # unreachable: no check can run
+            snap.unreadable[kind] = str(e)
+            log.debug("cannot read %s: %s", kind, e)
 
     async def events() -> list[Obj]:
         lists = await asyncio.gather(
@@ -125,8 +127,8 @@ async def collect(client: AsyncClient) -> Snapshot:
             if not _depends(snap, "node-metrics", "pods"):
                 await read("node-metrics", _node_metrics(http, snap))
             snap.objects["scheduler-status"] = await _scheduler_status(http, snap)
-    except httpx2.TransportError as e:
-        raise DoctorError(api.describe(e)) from e
+    except (kube.Unreachable, httpx2.TransportError) as e:  # the pod proxy client is httpx's
+        raise DoctorError(kube.describe(e)) from e
     return snap
 
 
@@ -190,7 +192,7 @@ async def _node_metrics(http: httpx2.AsyncClient, snap: Snapshot) -> list[Obj]:
                     out["error"] = "metrics are off (--metrics-bind-address with port 0)"
                     return out
                 text = await api.pod_proxy_get(http, ns_of(pod), name_of(pod), port, "metrics")
-            except api.ProxyError as e:
+            except kube.ProxyError as e:
                 if e.code in (401, 403):
                     raise  # no right to read any node's metrics: the kind is unreadable
                 out["error"] = str(e)
@@ -217,7 +219,7 @@ async def _scheduler_status(http: httpx2.AsyncClient, snap: Snapshot) -> list[Ob
             entry["status"] = json.loads(
                 await api.pod_proxy_get(http, ns_of(pod), name_of(pod), port, "status")
             )
-        except (api.ProxyError, ValueError) as e:
+        except (kube.ProxyError, ValueError) as e:
             entry["error"] = str(e)
         out.append(entry)
         if len(out) >= 3:  # one answer tells how kube-scheduler is wired

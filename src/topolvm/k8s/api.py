@@ -14,13 +14,20 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx2
-from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube import AsyncClient, KubeConfig
 from lightkube.config import client_adapter
 from lightkube.config.models import Cluster, User
 from lightkube.generic_resource import GenericGlobalResource, create_global_resource
 from lightkube.types import PatchType
 
 from topolvm.constants import Names
+from topolvm.k8s.errors import (
+    ClientConfigError,
+    Conflict,
+    NotFound,
+    ProxyError,
+    translated,
+)
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +36,6 @@ Obj = dict[str, Any]
 # narrow to express "any resource", so helpers take them as Any.
 Resource = Any
 CONFLICT_ATTEMPTS = 10
-
-
-class KubeError(Exception):
-    """The Kubernetes API could not be used (unreachable, refused, or an unexpected answer)."""
 
 
 def make_client(
@@ -50,7 +53,7 @@ def make_client(
             config = KubeConfig.from_env()
         chosen = config.get(context_name=context) if context else config
     except Exception as e:
-        raise KubeError(f"cannot load Kubernetes client configuration: {e}") from e
+        raise ClientConfigError(f"cannot load Kubernetes client configuration: {e}") from e
     return AsyncClient(chosen, field_manager="topolvm", trust_env=not server)
 
 
@@ -66,51 +69,12 @@ async def with_client(
         await client.close()
 
 
-def code_of(e: BaseException) -> int | None:
-    """HTTP status of an API error (None for transport errors)."""
-    if isinstance(e, ApiError):
-        return int(e.status.code or 0)
-    return None
-
-
-def is_not_found(e: BaseException) -> bool:
-    return code_of(e) == 404
-
-
-def is_conflict(e: BaseException) -> bool:
-    return code_of(e) == 409
-
-
-def is_transient(e: BaseException) -> bool:
-    """Errors worth retrying: transport failures, throttling and server-side trouble."""
-    if isinstance(e, httpx2.TransportError):
-        return True
-    c = code_of(e)
-    return c is not None and (c in (409, 429) or c >= 500)
-
-
-def describe(e: BaseException) -> str:
-    if isinstance(e, ApiError):
-        return f"{e.status.code} {e.status.reason}: {e.status.message}"
-    if isinstance(e, httpx2.TransportError):
-        return f"cannot reach the Kubernetes API: {type(e).__name__}: {e}"
-    return f"{type(e).__name__}: {e}"
-
-
 def to_dict(obj: Any) -> Obj:
     """A lightkube object (typed model or generic dict) as a plain JSON dict."""
     if hasattr(obj, "to_dict"):  # lightkube models and generic resources
         result: Obj = obj.to_dict()
         return result
     return copy.deepcopy(dict(obj))
-
-
-class ProxyError(KubeError):
-    """A GET through the API server's pod proxy failed; ``code`` is its HTTP status."""
-
-    def __init__(self, message: str, code: int | None = None) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def proxy_client(client: AsyncClient, timeout: float = 5.0) -> httpx2.AsyncClient:
@@ -121,7 +85,7 @@ def proxy_client(client: AsyncClient, timeout: float = 5.0) -> httpx2.AsyncClien
     try:
         return client_adapter.AsyncClient(client.config, params)
     except Exception as e:  # lightkube's ConfigError and credential plugin failures
-        raise KubeError(f"cannot set up the Kubernetes client: {e}") from e
+        raise ClientConfigError(f"cannot set up the Kubernetes client: {e}") from e
 
 
 async def pod_proxy_get(
@@ -152,17 +116,17 @@ def logicalvolume_resource(names: Names) -> type[GenericGlobalResource]:
 async def get(client: AsyncClient, res: Resource, name: str, **kw: Any) -> Obj | None:
     """The object, or None when it does not exist."""
     try:
-        return to_dict(await client.get(res, name, **kw))
-    except ApiError as e:
-        if is_not_found(e):
-            return None
-        raise
+        with translated():
+            return to_dict(await client.get(res, name, **kw))
+    except NotFound:
+        return None
 
 
 async def list_all(client: AsyncClient, res: Resource, **kw: Any) -> tuple[list[Obj], str]:
     """Every object (filtered by ``labels``/``fields`` if given) and the list's version."""
     it = client.list(res, **kw)
-    items = [to_dict(o) async for o in it]
+    with translated():
+        items = [to_dict(o) async for o in it]
     try:
         rv = it.resourceVersion
     except Exception:  # empty lists may carry no version in some servers
@@ -202,8 +166,8 @@ async def _read_modify_write(
             return current
         try:
             return await write(current, changed)
-        except ApiError as e:
-            if not is_conflict(e) or attempt == attempts:
+        except Conflict:
+            if attempt == attempts:
                 raise
             log.info(
                 "write conflict, retrying with the latest version",
@@ -231,9 +195,10 @@ async def modify(
     """
 
     async def replace(_: Obj, changed: Obj) -> Obj:
-        if status:
-            return to_dict(await client.replace(res.Status.from_dict(changed), name=name))
-        return to_dict(await client.replace(res.from_dict(changed)))
+        with translated():
+            if status:
+                return to_dict(await client.replace(res.Status.from_dict(changed), name=name))
+            return to_dict(await client.replace(res.from_dict(changed)))
 
     return await _read_modify_write(
         client, res, name, mutate, replace, attempts=attempts, known=known
@@ -242,8 +207,32 @@ async def modify(
 
 async def patch_merge(client: AsyncClient, res: Resource, name: str, patch: Obj, **kw: Any) -> Obj:
     """JSON merge patch; put ``metadata.resourceVersion`` in it for optimistic locking."""
-    result = await client.patch(res, name, patch, patch_type=PatchType.MERGE, **kw)
+    with translated():
+        result = await client.patch(res, name, patch, patch_type=PatchType.MERGE, **kw)
     return to_dict(result)
+
+
+async def create(client: AsyncClient, obj: Any) -> Obj:
+    """Create ``obj`` (a lightkube model); :class:`AlreadyExists` if the name is taken."""
+    with translated():
+        return to_dict(await client.create(obj))
+
+
+async def replace(client: AsyncClient, obj: Any) -> Obj:
+    """Replace ``obj`` (a lightkube model carrying its resourceVersion): :class:`Conflict`
+    if the object changed since it was read."""
+    with translated():
+        return to_dict(await client.replace(obj))
+
+
+async def delete(client: AsyncClient, res: Resource, name: str, **kw: Any) -> bool:
+    """Delete the object; False if it did not exist."""
+    try:
+        with translated():
+            await client.delete(res, name, **kw)
+    except NotFound:
+        return False
+    return True
 
 
 def finalizers(obj: Obj) -> list[str]:
@@ -281,9 +270,7 @@ async def set_finalizer(
         }
         try:
             return await patch_merge(client, res, name, {"metadata": meta})
-        except ApiError as e:
-            if is_not_found(e):
-                return None
-            raise
+        except NotFound:
+            return None
 
     return await _read_modify_write(client, res, name, mutate, patch, known=known)

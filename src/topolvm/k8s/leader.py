@@ -24,10 +24,12 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from lightkube import ApiError, AsyncClient
+from lightkube import AsyncClient
 from lightkube.models.coordination_v1 import LeaseSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
+
+from topolvm.k8s.errors import Conflict, KubeError, NotFound, translated
 
 logger = logging.getLogger(__name__)
 
@@ -195,11 +197,10 @@ class LeaderElector:
                 return await self._try_acquire_or_renew()
         except TimeoutError:
             logger.warning("leader lease request timed out", extra=self._ctx)
-        except ApiError as e:
-            if e.status.code == 409:
-                logger.info("leader lease write conflicted: %s", e.status.message, extra=self._ctx)
-            else:
-                logger.warning("leader lease request failed: %s", e, extra=self._ctx)
+        except Conflict as e:
+            logger.info("leader lease write conflicted: %s", e.message, extra=self._ctx)
+        except KubeError as e:
+            logger.warning("leader lease request failed: %s", e, extra=self._ctx)
         except Exception as e:  # any client failure only fails this attempt
             logger.warning("leader lease request failed: %r", e, extra=self._ctx)
         return False
@@ -227,15 +228,15 @@ class LeaderElector:
     async def _try_acquire_or_renew(self) -> bool:
         now = _micro_now()
         try:
-            lease = await self._client.get(Lease, self._name, namespace=self._namespace)
-        except ApiError as e:
-            if e.status.code != 404:
-                raise
+            with translated():
+                lease = await self._client.get(Lease, self._name, namespace=self._namespace)
+        except NotFound:
             new = Lease(
                 metadata=ObjectMeta(name=self._name, namespace=self._namespace),
                 spec=self._spec(now, now, 0),
             )
-            self._observe(await self._client.create(new))
+            with translated():
+                self._observe(await self._client.create(new))
             return True
         self._observe(lease)
         spec = lease.spec or LeaseSpec()
@@ -248,7 +249,8 @@ class LeaderElector:
             acquired, transitions = now, (spec.leaseTransitions or 0) + 1
             logger.info("taking over the leader lease from %r", holder, extra=self._ctx)
         lease.spec = self._spec(now, acquired, transitions)
-        self._observe(await self._client.replace(lease))
+        with translated():
+            self._observe(await self._client.replace(lease))
         return True
 
     async def _release_lease(self) -> None:

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from lightkube import ApiError, AsyncClient
+from lightkube import AsyncClient
 
 from topolvm.constants import Names
 from topolvm.k8s import api
+from topolvm.k8s.errors import Conflict
 from topolvm.k8s.lvobject import LogicalVolumeObject, format_quantity
 from topolvm.k8s.runtime import Informer
 
@@ -163,11 +164,10 @@ class LogicalVolumeStore:
             body = {"apiVersion": f"{self.names.group}/v1", "kind": "LogicalVolume",
                     "metadata": {"name": request.name}, "spec": request.spec()}  # fmt: skip
             try:
-                created = await self.client.create(self.resource.from_dict(body))
-                return LogicalVolumeObject.from_dict(api.to_dict(created))
-            except ApiError as e:
-                if api.code_of(e) != 409:
-                    raise
+                created = await api.create(self.client, self.resource.from_dict(body))
+                return LogicalVolumeObject.from_dict(created)
+            except Conflict:  # created meanwhile (a retried call): compare with it
+                pass
             existing = await self.get(request.name, fresh=True)
             if existing is None:
                 raise IncompatibleVolume(f"LogicalVolume {request.name} is being replaced; retry")
@@ -215,11 +215,7 @@ class LogicalVolumeStore:
 
     async def delete(self, name: str) -> None:
         """Delete by name; an object already gone is fine."""
-        try:
-            await self.client.delete(self.resource, name)
-        except ApiError as e:
-            if not api.is_not_found(e):
-                raise
+        await api.delete(self.client, self.resource, name)
 
     async def delete_and_wait(self, name: str) -> None:
         """Delete and return once the node removed its LV (its finalizer) and the object is gone."""

@@ -20,9 +20,10 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from lightkube import ApiError, AsyncClient
+from lightkube import AsyncClient
 
-from topolvm.k8s.api import Obj, Resource, describe, list_all, to_dict
+from topolvm.k8s.api import Obj, Resource, list_all, to_dict
+from topolvm.k8s.errors import Gone, KubeError, describe, translated_stream
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ class Informer:
         """Apply watch events until the resync deadline. Raises on stream errors (incl. 410)."""
         deadline = time.monotonic() + self.resync * random.uniform(0.9, 1.1)
         stream = self.client.watch(self.resource, resource_version=rv or None, **self._filters())
-        iterator = stream.__aiter__()
+        iterator = translated_stream(stream).__aiter__()
         try:
             while True:
                 remaining = deadline - time.monotonic()
@@ -167,7 +168,7 @@ class Informer:
             except Exception as e:
                 failures += 1
                 delay = min(self.max_backoff, 0.2 * 2 ** min(failures, 10))
-                gone = isinstance(e, ApiError) and e.status.code == 410
+                gone = isinstance(e, Gone)
                 if failures >= self.unsynced_after:
                     self._sync(False, describe(e))
                 level = logging.INFO if gone else logging.WARNING
@@ -282,7 +283,7 @@ class Controller:
             log.warning(
                 f"reconcile failed: {describe(e)}",
                 extra={"controller": self.name, "key": key, "retry_in": round(delay, 3)},
-                exc_info=not isinstance(e, ApiError | ReconcileError),
+                exc_info=not isinstance(e, KubeError | ReconcileError),
             )
             self.queue.add_after(key, delay)
             return

@@ -7,15 +7,14 @@ import asyncio
 import logging
 
 import grpc
-import prometheus_client
 
+from topolvm import daemon
 from topolvm.cliargs import bind_address, positive_seconds
 from topolvm.config.errors import ConfigError
 from topolvm.config.lvmd import LvmdConfig, load_lvmd_config
 from topolvm.lvm.command import DEFAULT_PREFIX
 from topolvm.lvm.errors import LvmError
-from topolvm.lvmd.server import Options, StartupError, health_check, serve
-from topolvm.metrics import MetricsServerError, start_metrics_server
+from topolvm.lvmd.server import Options, health_check, serve
 
 log = logging.getLogger("topolvm.lvmd")
 DEFAULT_CONFIG = "/etc/topolvm/lvmd.yaml"
@@ -67,30 +66,12 @@ def load(args: argparse.Namespace) -> LvmdConfig:
 
 def run(args: argparse.Namespace) -> int:
     config = load(args)
-    options = Options(refresh_interval=args.refresh_interval, command_timeout=args.command_timeout)
-    try:
-        asyncio.run(_serve(config, options, args.metrics_bind_address))
-    except MetricsServerError as e:
-        log.error(str(e))
-        return 1
-    except (StartupError, LvmError) as e:
-        log.error(f"lvmd cannot start: {e}")
-        return 1
-    return 0
-
-
-async def _serve(
-    config: LvmdConfig, options: Options, metrics_address: tuple[str, int] | None
-) -> None:
-    """lvmd, with its process metrics on ``metrics_address`` (as upstream) unless disabled."""
-    runner = None
-    if metrics_address is not None:
-        runner = await start_metrics_server(prometheus_client.REGISTRY, *metrics_address)
-    try:
-        await serve(config, options)
-    finally:
-        if runner is not None:
-            await runner.cleanup()
+    options = Options(
+        refresh_interval=args.refresh_interval,
+        command_timeout=args.command_timeout,
+        metrics_address=args.metrics_bind_address,
+    )
+    return daemon.run("lvmd", serve(config, options), LvmError)
 
 
 def run_health(args: argparse.Namespace) -> int:

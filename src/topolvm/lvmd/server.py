@@ -2,32 +2,28 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
 
 import grpc
+import prometheus_client
 from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from topolvm import daemon
 from topolvm.config.lvmd import LvmdConfig
-from topolvm.csi.server import SocketError, start_unix_server, stop_unix_server
+from topolvm.daemon import Parts, StartupError, serve_grpc, serve_metrics
 from topolvm.lvm.command import LvmRunner
 from topolvm.lvm.report import Report
 from topolvm.lvmd.capacity import PoolMissing, find_pool
-from topolvm.lvmd.service import Lvmd
+from topolvm.lvmd.lvservice import LVService
 from topolvm.lvmd.state import DEFAULT_REFRESH_INTERVAL, LvmState
-from topolvm.process import until_terminated
+from topolvm.lvmd.vgservice import VGService
 from topolvm.proto import lvmd_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE = 60.0  # seconds in-flight RPCs get to finish on SIGTERM
-
-
-class StartupError(Exception):
-    """lvmd cannot start; the message says why (missing VG, socket in use, ...)."""
 
 
 def check_device_classes(config: LvmdConfig, report: Report) -> None:
@@ -47,60 +43,68 @@ class Options:
     refresh_interval: float = DEFAULT_REFRESH_INTERVAL
     watch_interval: float = 600.0
     command_timeout: float = 120.0
+    # process metrics (upstream serves them too); None: not served. Only the lvmd process
+    # serves them, not an lvmd embedded in topolvm-node.
+    metrics_address: tuple[str, int] | None = None
 
 
 class LvmdServer:
-    def __init__(self, config: LvmdConfig, options: Options | None = None):
+    """lvmd: its LVM state and services, served on a UNIX socket (:meth:`start`) or called
+    in-process by topolvm-node (:meth:`open` only, ``--embed-lvmd``)."""
+
+    def __init__(
+        self, config: LvmdConfig, options: Options | None = None, parts: Parts | None = None
+    ):
         self.config = config
         self.options = options or Options()
         self.runner = LvmRunner(config.command_prefix, self.options.command_timeout)
         self.state = LvmState(self.runner)
-        self.lvmd = Lvmd(config, self.state)
+        self.lv = LVService(config, self.state)
+        self.vg = VGService(config, self.state)
         self.health = health_async.HealthServicer()
-        self._server: grpc.aio.Server | None = None
-        self._timer: asyncio.Task[None] | None = None
+        self.parts = parts if parts is not None else Parts("lvmd")
 
-    async def start(self) -> None:
+    async def open(self) -> None:
+        """Read LVM, check every device class, and keep the state fresh in the background."""
         report = await self.state.refresh()
         check_device_classes(self.config, report)
+        opts = self.options
+        self.parts.spawn(
+            self.state.run_timer(opts.refresh_interval, opts.watch_interval), "lvm-refresh"
+        )
+
+    async def end_watches(self) -> None:
+        """End every Watch stream (they would hold a graceful gRPC stop for its whole grace)."""
+        self.state.close()
+
+    async def start(self) -> None:
+        await self.open()
         path = self.config.socket_name
-        lvmd, health = self.lvmd, self.health
+        lv, vg, health = self.lv, self.vg, self.health
 
         def register(server: grpc.aio.Server) -> None:
-            pb_grpc.add_LVServiceServicer_to_server(lvmd, server)
-            pb_grpc.add_VGServiceServicer_to_server(lvmd, server)
+            pb_grpc.add_LVServiceServicer_to_server(lv, server)
+            pb_grpc.add_VGServiceServicer_to_server(vg, server)
             health_pb2_grpc.add_HealthServicer_to_server(health, server)
 
-        try:  # the socket is 0600 from its creation: only root may drive LVM
-            self._server = await start_unix_server(path, register, mode=0o600)
-        except SocketError as e:
-            raise StartupError(str(e)) from e
+        # the socket is 0600 from its creation: only root may drive LVM; in-flight RPCs (and
+        # their LVM commands) get SHUTDOWN_GRACE seconds at stop
+        await serve_grpc(self.parts, path, register, mode=0o600, grace=SHUTDOWN_GRACE)
+        self.parts.on_stop("Watch streams", self.end_watches)
+        await serve_metrics(self.parts, prometheus_client.REGISTRY, self.options.metrics_address)
+        self.parts.on_stop("health", self.health.enter_graceful_shutdown)
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        self._timer = asyncio.create_task(
-            self.state.run_timer(self.options.refresh_interval, self.options.watch_interval)
-        )
         classes = [dc.name for dc in self.config.device_classes]
         log.info("lvmd started", extra={"socket": path, "device_classes": classes})
 
-    async def stop(self, grace: float = SHUTDOWN_GRACE) -> None:
-        await self.health.enter_graceful_shutdown()
-        self.state.close()  # ends Watch streams
-        if self._server is not None:  # in-flight RPCs (and their LVM commands) finish
-            await stop_unix_server(self._server, self.config.socket_name, grace)
-        if self._timer is not None:
-            self._timer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._timer
+    async def stop(self) -> None:
+        await self.parts.stop()
         log.info("lvmd stopped")
 
 
 async def serve(config: LvmdConfig, options: Options | None = None) -> None:
     """Run until SIGTERM/SIGINT, then shut down gracefully."""
-    server = LvmdServer(config, options)
-    await server.start()
-    await until_terminated()
-    log.info("shutting down: waiting for in-flight requests")
-    await server.stop()
+    await daemon.serve(LvmdServer(config, options))
 
 
 async def health_check(socket_name: str, timeout: float = 10.0) -> str:

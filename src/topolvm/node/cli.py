@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 from typing import TYPE_CHECKING
 
+from topolvm import daemon
 from topolvm.cliargs import add_bool_flag, bind_address, positive_seconds
 from topolvm.config.errors import ConfigError
 from topolvm.constants import DEFAULT_CSI_SOCKET, DEFAULT_LVMD_SOCKET, legacy_from_env, names
-from topolvm.k8s.api import KubeError, with_client
+from topolvm.k8s.api import with_client
+from topolvm.k8s.errors import KubeError
 from topolvm.lvm.errors import LvmError
 from topolvm.lvmd import cli as lvmd_cli
 from topolvm.lvmd.server import Options
-from topolvm.lvmd.server import StartupError as LvmdStartupError
 
 if TYPE_CHECKING:
     from topolvm.node.app import NodeOptions
@@ -101,12 +101,8 @@ def options_from_args(args: argparse.Namespace) -> NodeOptions:
 
 def run(args: argparse.Namespace) -> int:
     # Imported here so that ``topolvm --help`` and other commands do not load the node's stack.
-    from topolvm.node.app import StartupError, serve
+    from topolvm.node.app import serve
 
     options = options_from_args(args)
-    try:
-        asyncio.run(with_client(args.kubeconfig, lambda client: serve(client, options)))
-    except (StartupError, LvmdStartupError, LvmError, KubeError) as e:
-        log.error(f"topolvm-node cannot start: {e}")
-        return 1
-    return 0
+    main = with_client(args.kubeconfig, lambda client: serve(client, options))
+    return daemon.run("topolvm-node", main, LvmError, KubeError)

@@ -19,14 +19,14 @@ from typing import Any, Protocol, TypeVar, cast
 import grpc
 
 from topolvm.constants import LEGACY_DEVICE_DIR, Names
-from topolvm.csi import status
-from topolvm.csi.locks import KeyedLocks
 from topolvm.node import mounter
 from topolvm.node.condition import InvalidLvAttr, condition_from_attr
 from topolvm.node.lvmd_client import LvmdCallError, LvmdClient
 from topolvm.proto import csi_pb2 as csi
 from topolvm.proto import csi_pb2_grpc as csi_grpc
 from topolvm.proto import lvmd_pb2 as lvmd_pb
+from topolvm.rpc import status
+from topolvm.rpc.locks import KeyedLocks
 
 log = logging.getLogger(__name__)
 

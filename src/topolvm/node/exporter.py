@@ -21,13 +21,14 @@ import asyncio
 import logging
 
 import grpc
-from lightkube import ApiError, AsyncClient
+from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node
 from prometheus_client import CollectorRegistry, Gauge
 
 from topolvm import capacity_annotations
 from topolvm.constants import Names
 from topolvm.k8s import api
+from topolvm.k8s import errors as kube
 from topolvm.node import extresource
 from topolvm.node.lvmd_client import LvmdCallError, LvmdClient
 from topolvm.proto import lvmd_pb2 as pb
@@ -120,9 +121,7 @@ class CapacityExporter:
         patch = {"metadata": {"annotations": node_annotations(self.names, msg)}}
         try:
             node = await api.patch_merge(self.client, Node, self.node_name, patch)
-        except ApiError as e:
-            if not api.is_not_found(e):
-                raise
+        except kube.NotFound:
             return self._missing()
         self.updates += 1
         if self._deleting(node):
@@ -167,11 +166,11 @@ class CapacityExporter:
         except Exception as e:
             hint = (
                 " (topolvm-node needs RBAC 'patch' on nodes/status)"
-                if api.code_of(e) == 403
+                if isinstance(e, kube.Forbidden)
                 else ""
             )
             log.warning(
-                f"cannot update extended resource {resource} on the Node: {api.describe(e)}{hint}",
+                f"cannot update extended resource {resource} on the Node: {kube.describe(e)}{hint}",
                 extra={"node": self.node_name, "advertise": self.advertise_resource},
             )
 
@@ -193,7 +192,7 @@ class CapacityExporter:
                 failures += 1
                 delay = min(self.max_backoff, 0.5 * 2 ** min(failures, 8))
                 log.warning(
-                    f"capacity export interrupted: {api.describe(e)}",
+                    f"capacity export interrupted: {kube.describe(e)}",
                     extra={"node": self.node_name, "retry_in": delay},
                 )
                 await asyncio.sleep(delay)

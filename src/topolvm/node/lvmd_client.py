@@ -6,8 +6,6 @@ gRPC status code lvmd chose, so callers never care which mode is in use.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, NoReturn, Protocol, TypeVar
 
@@ -15,7 +13,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from topolvm.config.lvmd import LvmdConfig
-from topolvm.lvmd.server import LvmdServer, Options, check_device_classes
+from topolvm.daemon import Parts
+from topolvm.lvmd.server import LvmdServer, Options
 from topolvm.proto import lvmd_pb2 as pb
 from topolvm.proto import lvmd_pb2_grpc as pb_grpc
 
@@ -129,51 +128,44 @@ class EmbeddedLvmd:
     so a wrong config fails fast instead of on the first volume.
     """
 
-    def __init__(self, config: LvmdConfig, options: Options | None = None):
-        self._server = LvmdServer(config, options)
+    def __init__(
+        self, config: LvmdConfig, options: Options | None = None, parts: Parts | None = None
+    ):
+        self._server = LvmdServer(config, options, parts)
         self._ctx: Any = _InProcessContext()
-        self._timer: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        report = await self._server.state.refresh()
-        check_device_classes(self._server.config, report)
-        opts = self._server.options
-        self._timer = asyncio.create_task(
-            self._server.state.run_timer(opts.refresh_interval, opts.watch_interval)
-        )
+        await self._server.open()
 
     async def create_lv(self, request: pb.CreateLVRequest) -> pb.CreateLVResponse:
-        return await self._server.lvmd.CreateLV(request, self._ctx)
+        return await self._server.lv.CreateLV(request, self._ctx)
 
     async def remove_lv(self, request: pb.RemoveLVRequest) -> None:
-        await self._server.lvmd.RemoveLV(request, self._ctx)
+        await self._server.lv.RemoveLV(request, self._ctx)
 
     async def resize_lv(self, request: pb.ResizeLVRequest) -> pb.ResizeLVResponse:
-        return await self._server.lvmd.ResizeLV(request, self._ctx)
+        return await self._server.lv.ResizeLV(request, self._ctx)
 
     async def create_lv_snapshot(
         self, request: pb.CreateLVSnapshotRequest
     ) -> pb.CreateLVSnapshotResponse:
-        return await self._server.lvmd.CreateLVSnapshot(request, self._ctx)
+        return await self._server.lv.CreateLVSnapshot(request, self._ctx)
 
     async def get_lv_list(self, device_class: str) -> list[pb.LogicalVolume]:
         req = pb.GetLVListRequest(device_class=device_class)
-        return list((await self._server.lvmd.GetLVList(req, self._ctx)).volumes)
+        return list((await self._server.vg.GetLVList(req, self._ctx)).volumes)
 
     async def get_free_bytes(self, device_class: str) -> int:
         req = pb.GetFreeBytesRequest(device_class=device_class)
-        return int((await self._server.lvmd.GetFreeBytes(req, self._ctx)).free_bytes)
+        return int((await self._server.vg.GetFreeBytes(req, self._ctx)).free_bytes)
 
     async def watch(self) -> AsyncIterator[pb.WatchResponse]:
-        async for msg in self._server.lvmd.Watch(pb.Empty(), self._ctx):
+        async for msg in self._server.vg.Watch(pb.Empty(), self._ctx):
             yield msg
 
     async def check_health(self) -> None:
         return None  # in-process: lvmd is up as long as this process is
 
     async def close(self) -> None:
-        self._server.state.close()  # ends Watch streams
-        if self._timer is not None:
-            self._timer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._timer
+        """End Watch streams; the LVM refresh stops with the parts it was started in."""
+        await self._server.end_watches()

@@ -15,10 +15,11 @@ from dataclasses import replace
 from typing import Any
 
 import grpc
-from lightkube import ApiError, AsyncClient
+from lightkube import AsyncClient
 
 from topolvm.constants import CREATED_BY_LABEL, Names
 from topolvm.k8s import api
+from topolvm.k8s import errors as kube
 from topolvm.k8s.lvobject import InvalidQuantity, LogicalVolumeObject, status_dict
 from topolvm.k8s.runtime import Controller, Informer, ReconcileError, Result, resource_version
 from topolvm.node.lvmd_client import LvmdCallError, LvmdClient
@@ -274,9 +275,7 @@ class LogicalVolumeReconciler:
             stored = await api.patch_merge(
                 self.client, self.resource.Status, name, {"status": wanted}
             )
-        except ApiError as e:
-            if not api.is_not_found(e):
-                raise
+        except kube.NotFound:
             return
         # The patch carries no resourceVersion, so the stored object may hold another writer's
         # change (a larger spec.size, a deletionTimestamp) that this pass did not act on: then

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import logging
 
 import prometheus_client
 from aiohttp import web
 
+from topolvm import daemon
 from topolvm.cliargs import parse_listen
 from topolvm.config.errors import ConfigError
 from topolvm.config.scheduler import SchedulerConfig, load_scheduler_config
 from topolvm.constants import names
-from topolvm.k8s.api import KubeError, make_client
-from topolvm.scheduler import wiring
+from topolvm.k8s.api import make_client
+from topolvm.k8s.errors import KubeError
+from topolvm.scheduler import schedulerconfig
 from topolvm.scheduler.nodecache import NodeCache
 from topolvm.scheduler.nodewatch import node_informer
 from topolvm.scheduler.server import make_app, serve
@@ -59,8 +59,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     pc.add_argument(
         "--url",
-        default=wiring.DEFAULT_URL,
-        help=f"urlPrefix kube-scheduler uses to reach the extender (default {wiring.DEFAULT_URL})",
+        default=schedulerconfig.DEFAULT_URL,
+        help="urlPrefix kube-scheduler uses to reach the extender "
+        f"(default {schedulerconfig.DEFAULT_URL})",
     )
     pc.add_argument("--node-cache", action="store_true", help="nodeCacheCapable: true")
     pc.add_argument(
@@ -71,8 +72,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     pc.add_argument("--weight", type=positive_int, default=1, help="extender weight (default 1)")
     pc.add_argument(
         "--kubeconfig",
-        default=wiring.DEFAULT_KUBECONFIG,
-        help=f"clientConnection.kubeconfig (default {wiring.DEFAULT_KUBECONFIG})",
+        default=schedulerconfig.DEFAULT_KUBECONFIG,
+        help=f"clientConnection.kubeconfig (default {schedulerconfig.DEFAULT_KUBECONFIG})",
     )
     pc.add_argument(
         "--extender-only",
@@ -105,38 +106,28 @@ def run(args: argparse.Namespace) -> int:
     cache = NodeCache(names(), max_age=config.node_cache_max_age) if config.node_cache else None
     app = make_app(config, cache=cache, plugin_names=names(), registry=prometheus_client.REGISTRY)
     host, port = config.listen_address
-    try:
-        asyncio.run(_serve(app, host, port, cache, args.kubeconfig))
-    except OSError as e:
-        log.error(f"topolvm-scheduler cannot listen on {config.listen}: {e.strerror}")
-        return 1
-    except KubeError as e:
-        log.error(f"topolvm-scheduler cannot start: {e}")
-        return 1
-    return 0
+    return daemon.run(
+        "topolvm-scheduler", _serve(app, host, port, cache, args.kubeconfig), KubeError
+    )
 
 
 async def _serve(
     app: web.Application, host: str, port: int, cache: NodeCache | None, kubeconfig: str | None
 ) -> None:
-    """Serve; in node-cache mode, run the Node watch that feeds the cache next to the server."""
+    """Serve; in node-cache mode, with the Node watch that feeds the cache as a part."""
     if cache is None:
         await serve(app, host, port)
         return
     client = make_client(kubeconfig)
-    watch = asyncio.create_task(node_informer(client, cache).run(), name="node-watch")
     try:
-        await serve(app, host, port)
+        await serve(app, host, port, node_informer(client, cache).run())
     finally:
-        watch.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watch
         await client.close()
 
 
 def run_print_config(args: argparse.Namespace) -> int:
     if args.extender_only:
-        text = wiring.extender_stanza(
+        text = schedulerconfig.extender_stanza(
             args.url,
             node_cache=args.node_cache,
             managed_resource=args.managed_resource,
@@ -144,7 +135,7 @@ def run_print_config(args: argparse.Namespace) -> int:
             plugin_names=names(),
         )
     else:
-        text = wiring.scheduler_configuration(
+        text = schedulerconfig.scheduler_configuration(
             args.url,
             node_cache=args.node_cache,
             managed_resource=args.managed_resource,

@@ -6,17 +6,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any
 
 import msgspec
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CollectorRegistry
 
+from topolvm import daemon
 from topolvm.config.scheduler import SchedulerConfig, default_config
 from topolvm.constants import Names, names
+from topolvm.daemon import Parts, serve_http
 from topolvm.metrics import metrics_response
-from topolvm.process import until_terminated
 from topolvm.scheduler.extender import BadRequest
 from topolvm.scheduler.metrics import Metrics
 from topolvm.scheduler.nodecache import NodeCache
@@ -186,19 +188,28 @@ async def _wiring_watchdog(app: web.Application) -> AsyncIterator[None]:
         await task
 
 
-async def serve(app: web.Application, host: str, port: int) -> None:
-    """Serve until SIGTERM/SIGINT, then shut down gracefully."""
-    runner = web.AppRunner(app, access_log_class=AccessLog, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    try:
-        await site.start()
-        state = app[STATE]
+class SchedulerDaemon:
+    """The extender's HTTP server and, in node-cache mode, the Node watch that feeds it."""
+
+    def __init__(
+        self, app: web.Application, host: str, port: int,
+        node_watch: Coroutine[Any, Any, None] | None = None,
+    ) -> None:  # fmt: skip
+        self.app, self.host, self.port = app, host, port
+        self.node_watch = node_watch
+        self.parts = Parts("topolvm-scheduler")
+
+    async def start(self) -> None:
+        if self.node_watch is not None:
+            self.parts.spawn(self.node_watch, "node-watch")
+        where = (self.host, self.port)
+        await serve_http(self.parts, self.app, where, "the extender", access_log=AccessLog)
+        state = self.app[STATE]
         config = state.extender.config
         log.info(
             "topolvm-scheduler started",
             extra={
-                "listen": f"{host}:{port}",
+                "listen": f"{self.host}:{self.port}",
                 "mode": "managed-resource" if config.managed_resource else "extender",
                 "node_cache": state.extender.cache is not None,
                 "path_prefix": config.path_prefix,
@@ -213,7 +224,14 @@ async def serve(app: web.Application, host: str, port: int) -> None:
                 "--managed-resource'); /status and the metric "
                 "topolvm_scheduler_last_request_timestamp_seconds show whether kube-scheduler calls"
             )
-        await until_terminated()
-        log.info("shutting down")
-    finally:
-        await runner.cleanup()
+
+    async def stop(self) -> None:
+        await self.parts.stop()
+
+
+async def serve(
+    app: web.Application, host: str, port: int,
+    node_watch: Coroutine[Any, Any, None] | None = None,
+) -> None:  # fmt: skip
+    """Serve until SIGTERM/SIGINT (or until the Node watch fails), then shut down gracefully."""
+    await daemon.serve(SchedulerDaemon(app, host, port, node_watch))

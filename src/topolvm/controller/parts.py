@@ -1,17 +1,18 @@
-"""How the app starts the pod webhook (every replica) and the reconcilers (the leader)."""
+"""The controller's optional parts: the pod webhook with its certificates (every replica)
+and the reconcilers (the leader only)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from lightkube import AsyncClient
 
 from topolvm.constants import Names
+from topolvm.controller import lvgc, nodecleanup, pvcresize
 from topolvm.controller.lvgc import LogicalVolumeGC
 from topolvm.controller.metrics import ControllerMetrics
 from topolvm.controller.nodecleanup import NodeCleanupReconciler
-from topolvm.controller.options import ControllerOptions, Part, StartupError
+from topolvm.controller.options import ControllerOptions
 from topolvm.controller.pvcresize import PersistentVolumeClaimReconciler
 from topolvm.controller.webhook import (
     ApiPodReader,
@@ -22,21 +23,17 @@ from topolvm.controller.webhook import (
     stop_webhook_server,
 )
 from topolvm.controller.webhookcerts import SelfManagedCerts
+from topolvm.daemon import Parts, StartupError
 from topolvm.k8s.lvstore import LogicalVolumeStore
 
 
-async def _cancel(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-
-
 async def start_webhook(
-    o: ControllerOptions, client: AsyncClient, names: Names, metrics: ControllerMetrics
-) -> list[tuple[str, Part]]:
+    parts: Parts, o: ControllerOptions, client: AsyncClient, names: Names,
+    metrics: ControllerMetrics,
+) -> None:  # fmt: skip
     """Certificates from ``--cert-dir`` (cert-manager) or self-managed (a CA and serving
     certificate of the controller's own, kept in a Secret, caBundle written into the
-    MutatingWebhookConfiguration); then the HTTPS server. Returns (name, stop) pairs."""
+    MutatingWebhookConfiguration); then the HTTPS server; both as ``parts``."""
     assert o.webhook_address is not None
     certs: CertDir | SelfManagedCerts
     try:
@@ -55,15 +52,14 @@ async def start_webhook(
         )  # fmt: skip
     except (WebhookCertError, WebhookServerError) as e:
         raise StartupError(str(e)) from e
-    task = asyncio.create_task(certs.run(), name="webhook-certificates")
+    parts.on_stop("webhook server", lambda: stop_webhook_server(runner))
+    task = parts.spawn(certs.run(), "webhook-certificates")
 
-    async def stop_server() -> None:
-        await stop_webhook_server(runner)
+    async def stop_certs() -> None:  # the round in progress finishes: no half-done write
+        certs.stop()
+        await asyncio.wait([task])
 
-    async def stop_certs() -> None:
-        await _cancel(task)
-
-    return [("webhook certificates", stop_certs), ("webhook server", stop_server)]
+    parts.on_stop("webhook certificates", stop_certs)
 
 
 async def run_reconcilers(
@@ -81,17 +77,17 @@ async def run_reconcilers(
                 client, names, store, metrics,
                 skip_node_finalize=o.skip_node_finalize, resync=o.resync,
             ).run(),
-            name="node-cleanup",
+            name=nodecleanup.CONTROLLER_NAME,
         )  # fmt: skip
         tg.create_task(
             PersistentVolumeClaimReconciler(client, names, metrics, resync=o.resync)
             .run(),
-            name="pvc",
+            name=pvcresize.CONTROLLER_NAME,
         )  # fmt: skip
         tg.create_task(
             LogicalVolumeGC(
                 client, names, store, metrics,
                 mode=o.lv_gc, grace=o.lv_gc_grace, interval=o.lv_gc_interval,
             ).run(),
-            name="logicalvolume-gc",
+            name=lvgc.CONTROLLER_NAME,
         )  # fmt: skip

@@ -7,13 +7,13 @@ import asyncio
 import grpc
 import pytest
 
-from topolvm.csi.locks import KeyedLocks
-from topolvm.csi.status import StatusError
 from topolvm.node import condition as c
 from topolvm.node.condition import Condition, InvalidLvAttr, condition_from_attr
 from topolvm.node.csi_node import mount_options
 from topolvm.node.mounter import parse_mountinfo, unescape
 from topolvm.proto import csi_pb2 as csi
+from topolvm.rpc.locks import KeyedLocks
+from topolvm.rpc.status import StatusError
 
 
 def attr(vol_type: str = "-", state: str = "a", open_: str = "o", health: str = "-") -> str:

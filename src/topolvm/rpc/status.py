@@ -1,7 +1,8 @@
 """One error tree for every gRPC boundary (lvmd, CSI node, CSI controller).
 
 Code raises a :class:`StatusError` subclass named after the gRPC code it ends the call with;
-:func:`rpc` turns it into that status, logs the call with its context and timing, and counts it
+:func:`rpc` (:func:`stream_rpc` for streams) turns it into that status, logs the call with its
+context and timing, and counts it
 in ``grpc_server_handled_total`` / ``grpc_server_handling_seconds`` (the names of
 go-grpc-prometheus, so existing dashboards work) when the servicer has ``grpc_metrics``.
 Errors of other layers (LVM, mount, lvmd client) are mapped by a ``translate`` function the
@@ -14,7 +15,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar, cast
 
 import grpc
@@ -144,8 +145,48 @@ def fields_of(request: Any, fields: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
+class _Call:
+    """One call of a servicer method: its log context, timing and outcome."""
+
+    def __init__(self, servicer: Any, service: str, method: str, ctx: dict[str, Any]) -> None:
+        self.servicer, self.service, self.method, self.ctx = servicer, service, method, ctx
+        self.started = time.monotonic()
+
+    def _observe(self, code: grpc.StatusCode) -> None:
+        metrics = getattr(self.servicer, "grpc_metrics", None)
+        if isinstance(metrics, GrpcMetrics):
+            metrics.observe(self.service, self.method, code, time.monotonic() - self.started)
+
+    def ok(self) -> None:
+        log.info("rpc ok", extra={**self.ctx, "code": "OK", "secs": _since(self.started)})
+        self._observe(grpc.StatusCode.OK)
+
+    def cancelled(self) -> None:
+        log.info("rpc cancelled", extra={**self.ctx, "secs": _since(self.started)})
+        self._observe(grpc.StatusCode.CANCELLED)
+
+    async def fail(
+        self, e: Exception, translate: Translate | None, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        """End the call with the status ``e`` maps to (logged and counted); raises."""
+        if isinstance(e, StatusError):
+            error = e
+        else:
+            mapped = translate(e) if translate is not None else None
+            if mapped is None:
+                log.exception("rpc failed unexpectedly", extra=self.ctx)
+                mapped = Internal(f"{type(e).__name__}: {e}")
+            error = mapped
+        level = logging.ERROR if error.code is grpc.StatusCode.INTERNAL else logging.WARNING
+        extra = {**self.ctx, "code": error.code.name, "secs": _since(self.started)}
+        log.log(level, f"rpc failed: {error.message}", extra=extra)
+        self._observe(error.code)
+        await context.abort(error.code, error.message)
+        raise AssertionError("unreachable")  # context.abort raises
+
+
 def rpc(service: str, describe: Describe, translate: Translate | None = None) -> Callable[[F], F]:
-    """Decorator for the methods of a gRPC servicer (see the module docstring)."""
+    """Decorator for the unary methods of a gRPC servicer (see the module docstring)."""
 
     def decorate(fn: F) -> F:
         method = fn.__name__
@@ -154,45 +195,62 @@ def rpc(service: str, describe: Describe, translate: Translate | None = None) ->
         async def wrapper(
             self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]
         ) -> Any:
-            started = time.monotonic()
-            ctx = {"rpc": method, **describe(request)}
+            call = _Call(self, service, method, {"rpc": method, **describe(request)})
             try:
                 result = await fn(self, request, context)
-            except StatusError as e:
-                error = e
             except asyncio.CancelledError:
-                log.info("rpc cancelled", extra={**ctx, "secs": _since(started)})
-                _observe(self, service, method, grpc.StatusCode.CANCELLED, started)
+                call.cancelled()
                 raise
             except Exception as e:
-                mapped = translate(e) if translate is not None else None
-                if mapped is None:
-                    log.exception("rpc failed unexpectedly", extra=ctx)
-                    mapped = Internal(f"{type(e).__name__}: {e}")
-                error = mapped
-            else:
-                log.info("rpc ok", extra={**ctx, "code": "OK", "secs": _since(started)})
-                _observe(self, service, method, grpc.StatusCode.OK, started)
-                return result
-            level = logging.ERROR if error.code is grpc.StatusCode.INTERNAL else logging.WARNING
-            extra = {**ctx, "code": error.code.name, "secs": _since(started)}
-            log.log(level, f"rpc failed: {error.message}", extra=extra)
-            _observe(self, service, method, error.code, started)
-            await context.abort(error.code, error.message)
-            raise AssertionError("unreachable")  # context.abort raises
+                await call.fail(e, translate, context)
+            call.ok()
+            return result
 
         return cast(F, wrapper)
 
     return decorate
 
 
+S = TypeVar("S", bound=Callable[..., AsyncIterator[Any]])
+
+
+def stream_rpc(service: str, translate: Translate | None = None) -> Callable[[S], S]:
+    """:func:`rpc` for server-streaming methods: the stream is logged and counted once, when it
+    ends (OK at its end, CANCELLED when the client goes away, else the mapped status)."""
+
+    def decorate(fn: S) -> S:
+        method = fn.__name__
+
+        @functools.wraps(fn)
+        async def wrapper(
+            self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> AsyncIterator[Any]:
+            call = _Call(self, service, method, {"rpc": method})
+            try:
+                async for item in fn(self, request, context):
+                    yield item
+            except (asyncio.CancelledError, GeneratorExit):
+                call.cancelled()
+                raise
+            except Exception as e:
+                await call.fail(e, translate, context)
+            call.ok()
+
+        return cast(S, wrapper)
+
+    return decorate
+
+
+def unimplemented(decorate: Callable[[F], F], method: str, why: str) -> F:
+    """A method that answers UNIMPLEMENTED, logged and counted under its own name ``method``
+    (``decorate``: the service's :func:`rpc` decorator)."""
+
+    async def answer(self: Any, request: Any, context: Any) -> Any:
+        raise Unimplemented(why)
+
+    answer.__name__ = answer.__qualname__ = method
+    return decorate(cast(F, answer))
+
+
 def _since(started: float) -> float:
     return round(time.monotonic() - started, 4)
-
-
-def _observe(
-    servicer: Any, service: str, method: str, code: grpc.StatusCode, started: float
-) -> None:
-    metrics = getattr(servicer, "grpc_metrics", None)
-    if isinstance(metrics, GrpcMetrics):
-        metrics.observe(service, method, code, time.monotonic() - started)

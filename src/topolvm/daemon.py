@@ -1,0 +1,177 @@
+"""What every daemon (lvmd, node, controller, scheduler) shares: one start-up error, the parts
+it runs under supervision, and the serve loop from start to graceful stop.
+
+A daemon builds its parts in ``start()``: background tasks with :meth:`Parts.spawn` (one that
+ends with an error ends the process with that error, as a crash would, so Kubernetes restarts
+it instead of leaving it half-alive) and stop steps with :meth:`Parts.on_stop` (run in reverse
+order at shutdown, each bounded so that one stuck part cannot keep the process alive).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol
+
+import grpc
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+from prometheus_client import CollectorRegistry
+
+from topolvm.metrics import metrics_app
+from topolvm.process import bounded, until_terminated
+from topolvm.rpc.server import Register, SocketError, start_unix_server, stop_unix_server
+
+log = logging.getLogger(__name__)
+
+Stop = Callable[[], Awaitable[None]]
+
+STEP_TIMEOUT = 15.0  # seconds each stop step gets
+TASK_STOP_TIMEOUT = 15.0  # seconds background tasks get after being cancelled
+
+
+class StartupError(Exception):
+    """A daemon cannot start, or a part of it failed; the message says why and what to check."""
+
+
+class Parts:
+    """A daemon's running parts: supervised background tasks and stop steps."""
+
+    def __init__(self, daemon: str):
+        self.daemon = daemon
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stops: list[tuple[str, Stop]] = []
+        self._failed: asyncio.Future[BaseException] | None = None
+
+    @property
+    def failed(self) -> asyncio.Future[BaseException]:
+        """Resolves with the error of the first part that failed."""
+        if self._failed is None:
+            self._failed = asyncio.get_running_loop().create_future()
+        return self._failed
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """Run ``coro`` in the background; an error (not a cancel) fails the daemon."""
+
+        async def guarded() -> None:
+            try:
+                await coro
+            except asyncio.CancelledError:
+                raise
+            except BaseException as e:
+                log.exception(f"{self.daemon}: {name} failed")
+                if not self.failed.done():
+                    self.failed.set_result(e)
+
+        task = asyncio.create_task(guarded(), name=name)
+        self._tasks.append(task)
+        return task
+
+    def on_stop(self, what: str, stop: Stop) -> None:
+        """Run ``stop`` at shutdown, before the steps added earlier."""
+        self._stops.append((what, stop))
+
+    async def stop(
+        self, step_timeout: float = STEP_TIMEOUT, task_timeout: float = TASK_STOP_TIMEOUT
+    ) -> None:
+        """The stop steps (last added first, each given ``step_timeout`` seconds), then cancel
+        the tasks still running (given ``task_timeout`` seconds to end)."""
+        steps, self._stops = self._stops, []
+        for what, stop in reversed(steps):
+            await bounded(what, stop(), step_timeout)
+        tasks, self._tasks = [t for t in self._tasks if not t.done()], []
+        for task in tasks:
+            task.cancel()
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=task_timeout)
+        for task in pending:  # e.g. an LVM command that is let finish: stop waiting for it
+            log.warning(
+                f"{self.daemon}: task did not stop in time; cancelling again",
+                extra={"task": task.get_name()},
+            )
+            task.cancel()
+
+
+async def serve_grpc(
+    parts: Parts, path: str, register: Register, *, mode: int | None = None, grace: float = 10.0
+) -> grpc.aio.Server:
+    """Serve what ``register`` adds on the UNIX socket ``path`` until stop, which gives
+    in-flight calls ``grace`` seconds and removes the socket."""
+    try:
+        server = await start_unix_server(path, register, mode=mode)
+    except SocketError as e:
+        raise StartupError(str(e)) from e
+    parts.on_stop("gRPC server", lambda: stop_unix_server(server, path, grace))
+    return server
+
+
+async def serve_http(
+    parts: Parts, app: web.Application, address: tuple[str, int], what: str,
+    access_log: type[AbstractAccessLogger] | None = None,
+) -> None:  # fmt: skip
+    """Serve ``app`` on ``address`` (``what`` names it in errors) until stop; requests are
+    logged with ``access_log`` if given."""
+    if access_log is None:
+        runner = web.AppRunner(app, access_log=None)
+    else:
+        runner = web.AppRunner(app, access_log_class=access_log)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, *address).start()
+    except OSError as e:
+        await runner.cleanup()
+        where, why = f"{address[0]}:{address[1]}", e.strerror or e
+        raise StartupError(f"cannot listen for {what} on {where}: {why}") from e
+    parts.on_stop(f"{what} server", runner.cleanup)
+
+
+async def serve_metrics(
+    parts: Parts, registry: CollectorRegistry, address: tuple[str, int] | None
+) -> None:
+    """Serve ``registry`` on ``/metrics`` at ``address`` (None: not at all) until stop."""
+    if address is None:
+        return
+    await serve_http(parts, metrics_app(registry), address, "metrics")
+
+
+class Daemon(Protocol):
+    parts: Parts
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+async def serve(daemon: Daemon) -> None:
+    """Start ``daemon`` (stopping what did start if that fails), run it until SIGTERM/SIGINT
+    or until one of its parts fails, then stop it; a failed part raises :class:`StartupError`
+    so the process exits non-zero."""
+    try:
+        await daemon.start()
+    except BaseException:
+        await daemon.stop()
+        raise
+    terminated = asyncio.ensure_future(until_terminated())
+    failed = daemon.parts.failed
+    either: list[asyncio.Future[Any]] = [terminated, failed]
+    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    terminated.cancel()
+    log.info(f"{daemon.parts.daemon}: shutting down")
+    await daemon.stop()
+    if failed.done():
+        error = failed.result()
+        raise StartupError(f"a part of {daemon.parts.daemon} failed: {error}") from error
+
+
+def run(name: str, main: Coroutine[Any, Any, None], *errors: type[Exception]) -> int:
+    """``asyncio.run(main)`` for a daemon's command: exit status 1, with one log line saying
+    why, on :class:`StartupError` or any of ``errors`` (the daemon's expected failures)."""
+    expected: tuple[type[Exception], ...] = (StartupError, *errors)
+    try:
+        asyncio.run(main)
+    except expected as e:
+        log.error(f"{name} cannot start: {e}")
+        return 1
+    return 0

@@ -1,0 +1,368 @@
+"""lvmd's ``proto.LVService``: create, remove, resize and snapshot logical volumes, with
+upstream's semantics."""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from topolvm.config.lvmd import DeviceClass, LvmdConfig
+from topolvm.constants import SIZE_ALIGNMENT
+from topolvm.lvm import validate
+from topolvm.lvm.errors import InvalidInput, LvmError
+from topolvm.lvm.report import (
+    LV_FIELDS,
+    LvRecord,
+    Report,
+    parse_report,
+    with_lv,
+    with_vg_free,
+    without_lv,
+)
+from topolvm.lvmd.capacity import Pool, PoolMissing, find_pool
+from topolvm.lvmd.service import resolve, rpc_of, to_pb
+from topolvm.lvmd.state import LvmState
+from topolvm.proto import lvmd_pb2 as pb
+from topolvm.proto import lvmd_pb2_grpc as pb_grpc
+from topolvm.rpc import status
+
+log = logging.getLogger(__name__)
+rpc = rpc_of("proto.LVService")
+
+
+def _no_space(free: int, requested: int) -> status.StatusError:
+    return status.ResourceExhausted(
+        f"no enough space left on VG: free={free}, requested={requested}",
+    )
+
+
+def _block_device(path: str) -> tuple[int, int, int] | None:
+    """(major, minor, size in bytes) of an active LV's device node, from stat and sysfs."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISBLK(st.st_mode):
+            return None
+        major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
+        sectors = int(Path(f"/sys/dev/block/{major}:{minor}/size").read_text())
+    except (OSError, ValueError):
+        return None
+    return major, minor, sectors * 512
+
+
+class LVService(pb_grpc.LVServiceServicer):
+    """``proto.LVService`` over the node's :class:`~topolvm.lvmd.state.LvmState`."""
+
+    def __init__(self, config: LvmdConfig, state: LvmState):
+        self.config = config
+        self.state = state
+        self.runner = state.runner
+
+    async def _pool_locked(self, dc: DeviceClass) -> tuple[Report, Pool]:
+        report = await self.state.current_locked()
+        try:
+            return report, find_pool(report, dc)
+        except PoolMissing:
+            if not self.state.dirty:
+                raise
+        return await self._pool_locked_reloaded(dc)
+
+    async def _read_lv(self, vg: str, name: str, base: LvRecord) -> LvRecord:
+        """``base`` as it is now: size and device from its device node, else from ``lvs``."""
+        path = f"/dev/{vg}/{name}"
+        dev = _block_device(path)
+        if dev is not None:
+            major, minor, size = dev
+            return replace(base, path=path, major=major, minor=minor, size=size)
+        doc = await self.runner.report("lvs", f"{vg}/{name}", "-o", LV_FIELDS)
+        lv = parse_report(doc).find_lv(vg, name)
+        if lv is None:
+            raise status.Internal(f"logical volume {vg}/{name} vanished")
+        return lv
+
+    @staticmethod
+    def _rounding(pool: Pool, stripes: int) -> int:
+        return max(1, pool.vg.extent_size) * max(1, stripes)
+
+    @rpc
+    async def CreateLV(
+        self, request: pb.CreateLVRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.CreateLVResponse:
+        dc = resolve(self.config, request.device_class)
+        name = validate.lv_name(request.name)
+        tags = [validate.tag(t) for t in request.tags]
+        size = validate.size_bytes(request.size_bytes)
+        oc = self.config.option_class(request.lvcreate_option_class)
+        if oc is not None:
+            options, stripes = list(oc.options), 1
+        else:
+            options, stripes = [*dc.stripe_args(), *dc.lvcreate_options], dc.stripe or 1
+        async with self.state.lock:
+            # Checks in upstream's order: pool, free space, option class, alignment.
+            report, pool = await self._pool_locked(dc)
+            existing = report.find_lv(pool.vg.name, name)
+            if existing is not None:
+                return self._existing(existing, pool, size, stripes)
+            free = pool.free(report)
+            if free < size and self.state.dirty:
+                report, pool = await self._pool_locked_reloaded(dc)
+                free = pool.free(report)
+            if free < size:
+                raise _no_space(free, size)
+            if oc is None and request.lvcreate_option_class:
+                raise status.Internal(
+                    f"unsupported lvcreate-option-class target: {request.lvcreate_option_class}",
+                )
+            if not dc.is_thin and size % SIZE_ALIGNMENT:
+                raise status.Internal(
+                    f"cannot create volume as given size is not a multiple of {SIZE_ALIGNMENT} "
+                    f"and could get rejected: size_bytes={size}",
+                )
+            argv = self._lvcreate_argv(pool, name, size, tags, options)
+            # even if this RPC is cancelled, the next read refreshes
+            was_exact = self.state.begin_change()
+            try:
+                await self.runner.run(*argv)
+            except LvmError as e:
+                if "already exists" in e.stderr:
+                    report, pool = await self._pool_locked_reloaded(dc)
+                    found = report.find_lv(pool.vg.name, name)
+                    if found is not None:
+                        return self._existing(found, pool, size, stripes)
+                if e.no_space:
+                    raise await self._lvm_no_space(dc, e, size) from e
+                raise
+            base = LvRecord(
+                name=name,
+                vg_name=pool.vg.name,
+                uuid="",
+                path=f"/dev/{pool.vg.name}/{name}",
+                size=size,
+                major=0,
+                minor=0,
+                origin="",
+                pool_lv=pool.thin_pool.name if pool.thin_pool else "",
+                tags=tuple(tags) or ("",),
+                attr="",
+            )
+            lv = await self._read_lv(pool.vg.name, name, base)
+            updated = with_lv(report, lv)
+            if pool.thin_pool is None:
+                updated = with_vg_free(updated, pool.vg.name, pool.vg.free - lv.size)
+            # A plain linear LV takes exactly its size (read back from the device); options
+            # (RAID, mirrors, ...) may take more, and a thin LV moves the pool's usage.
+            linear = pool.thin_pool is None and not options
+            if linear:
+                self.state.record_linear(lv.full_name)
+            self.state.update_locked(updated, capacity_exact=was_exact and linear)
+        return pb.CreateLVResponse(volume=to_pb(lv, full=False))
+
+    async def _lvm_no_space(
+        self, dc: DeviceClass, e: LvmError, requested: int
+    ) -> status.StatusError:
+        """LVM refused an allocation our model allowed (e.g. RAID options): report real numbers."""
+        log.warning("LVM refused the allocation", extra={"stderr": e.stderr, "argv": e.argv})
+        report, pool = await self._pool_locked_reloaded(dc)
+        return _no_space(pool.free(report), requested)
+
+    async def _pool_locked_reloaded(self, dc: DeviceClass) -> tuple[Report, Pool]:
+        report = await self.state.reload_locked()
+        return report, find_pool(report, dc)
+
+    def _existing(self, lv: LvRecord, pool: Pool, size: int, stripes: int) -> pb.CreateLVResponse:
+        """CreateLV for a name that exists: same class and size is success, else ALREADY_EXISTS."""
+        same_pool = lv.pool_lv == (pool.thin_pool.name if pool.thin_pool else "")
+        if same_pool and size <= lv.size < size + self._rounding(pool, stripes):
+            log.info("logical volume exists already", extra={"lv": lv.name, "size": lv.size})
+            return pb.CreateLVResponse(volume=to_pb(lv, full=False))
+        raise status.AlreadyExists(
+            f"logical volume {lv.full_name} already exists with size {lv.size}"
+            f"{'' if same_pool else ' in another pool'}; requested {size}",
+        )
+
+    @staticmethod
+    def _lvcreate_argv(
+        pool: Pool, name: str, size: int, tags: list[str], options: list[str]
+    ) -> list[str]:
+        if pool.thin_pool is None:
+            argv = ["lvcreate", "-n", name, "-L", f"{size}b", "-W", "y", "-y"]
+        else:
+            target = f"{pool.vg.name}/{pool.thin_pool.name}"
+            argv = ["lvcreate", "-T", target, "-n", name, "-V", f"{size}b", "-W", "y", "-y"]
+        for t in tags:
+            argv += ["--addtag", t]
+        argv += options
+        if pool.thin_pool is None:
+            argv.append(pool.vg.name)
+        return argv
+
+    @rpc
+    async def RemoveLV(
+        self, request: pb.RemoveLVRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.Empty:
+        dc = resolve(self.config, request.device_class)
+        name = validate.lv_name(request.name)
+        async with self.state.lock:
+            report = await self.state.current_locked()
+            vg = report.vgs.get(dc.volume_group)
+            if vg is None:
+                report = await self.state.reload_locked()
+                vg = report.vgs.get(dc.volume_group)
+                if vg is None:
+                    raise status.NotFound(
+                        f"volume group {dc.volume_group} not found",
+                    )
+            lv = report.find_lv(vg.name, name)
+            if lv is not None and lv.is_thin_pool:
+                raise status.FailedPrecondition(
+                    f"{lv.full_name} is a thin pool; lvmd never removes thin pools",
+                )
+            was_exact = self.state.begin_change()
+            try:
+                await self.runner.run("lvremove", "-f", f"{vg.name}/{name}")
+            except LvmError as e:
+                if e.not_found:
+                    raise status.NotFound(f"logical volume {vg.name}/{name} not found") from e
+                raise status.StatusError(code=grpc.StatusCode.UNKNOWN, message=str(e)) from e
+            updated = without_lv(report, vg.name, name)
+            if lv is not None and not lv.pool_lv:
+                updated = with_vg_free(updated, vg.name, vg.free + lv.size)
+            exact = was_exact and lv is not None and self.state.is_linear(lv)
+            self.state.update_locked(updated, capacity_exact=exact)
+        return pb.Empty()
+
+    @rpc
+    async def ResizeLV(
+        self, request: pb.ResizeLVRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ResizeLVResponse:
+        dc = resolve(self.config, request.device_class)
+        name = validate.lv_name(request.name)
+        if request.size_bytes < 0:
+            raise InvalidInput(f"size_bytes must not be negative, got {request.size_bytes}")
+        size = request.size_bytes  # 0 (or any size <= current) only reports the current size
+        async with self.state.lock:
+            report, pool = await self._pool_locked(dc)
+            lv = self._find_in_pool(report, pool, name)
+            if lv is None and self.state.dirty:
+                report, pool = await self._pool_locked_reloaded(dc)
+                lv = self._find_in_pool(report, pool, name)
+            if lv is None:
+                raise status.NotFound(f"logical volume {name} is not found")
+            if size <= lv.size:
+                return pb.ResizeLVResponse(size_bytes=lv.size)
+            delta = size - lv.size
+            free = pool.free(report)
+            if free < delta and self.state.dirty:
+                report, pool = await self._pool_locked_reloaded(dc)
+                free = pool.free(report)
+            if free < delta:
+                raise _no_space(free, delta)
+            self.state.begin_change()
+            try:
+                await self.runner.run("lvresize", "-L", f"{size}b", lv.full_name)
+            except LvmError as e:
+                if e.no_space:
+                    raise await self._lvm_no_space(dc, e, delta) from e
+                raise
+            new = await self._read_lv(lv.vg_name, lv.name, lv)
+            updated = with_lv(report, new)
+            if not new.pool_lv:
+                updated = with_vg_free(updated, lv.vg_name, pool.vg.free - (new.size - lv.size))
+            self.state.update_locked(updated)
+        return pb.ResizeLVResponse(size_bytes=new.size)
+
+    @staticmethod
+    def _find_in_pool(report: Report, pool: Pool, name: str) -> LvRecord | None:
+        lv = report.find_lv(pool.vg.name, name)
+        if lv is None or lv.is_thin_pool:
+            return None
+        if pool.thin_pool is not None and lv.pool_lv != pool.thin_pool.name:
+            return None
+        return lv
+
+    @rpc
+    async def CreateLVSnapshot(
+        self, request: pb.CreateLVSnapshotRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.CreateLVSnapshotResponse:
+        dc = resolve(self.config, request.device_class)
+        if not dc.is_thin:
+            raise status.Unimplemented(
+                "device class is not thin. Thick snapshots are not implemented yet",
+            )
+        name = validate.lv_name(request.name)
+        source = validate.lv_name(request.source_volume, "source_volume")
+        tags = [validate.tag(t) for t in request.tags]
+        if request.size_bytes < 0:
+            raise InvalidInput(f"size_bytes must not be negative, got {request.size_bytes}")
+        if request.access_type not in ("ro", "rw"):
+            raise InvalidInput(f"access_type must be 'ro' or 'rw', got {request.access_type!r}")
+        async with self.state.lock:
+            # The source's lv_attr decides what it is; LVs lvmd changed since the last report
+            # carry no attr yet, so read the real state first.
+            if self.state.dirty:
+                report, pool = await self._pool_locked_reloaded(dc)
+            else:
+                report, pool = await self._pool_locked(dc)
+            src = report.find_lv(pool.vg.name, source)
+            if src is None:
+                raise status.NotFound(f"source logical volume {source} is not found")
+            if not src.is_thin_volume:
+                raise status.Unimplemented("snapshot can be created for only thin volumes")
+            desired = request.size_bytes or src.size
+            if desired < src.size:
+                raise status.OutOfRange(
+                    f"requested size {desired} is smaller than the source volume size {src.size}",
+                )
+            existing = report.find_lv(pool.vg.name, name)
+            if existing is not None:
+                if existing.origin == source and existing.size >= desired:
+                    return pb.CreateLVSnapshotResponse(snapshot=to_pb(existing, full=False))
+                raise status.AlreadyExists(
+                    f"logical volume {existing.full_name} already exists",
+                )
+            free = pool.free(report)
+            if free < desired:
+                raise _no_space(free, desired)
+            snap = await self._snapshot_locked(pool, src, name, tags, desired, request.access_type)
+            self.state.update_locked(with_lv(report, snap))
+        return pb.CreateLVSnapshotResponse(snapshot=to_pb(snap, full=False))
+
+    async def _snapshot_locked(
+        self,
+        pool: Pool,
+        src: LvRecord,
+        name: str,
+        tags: list[str],
+        desired: int,
+        access: str,
+    ) -> LvRecord:
+        vg = pool.vg.name
+        argv = ["lvcreate", "-s", "-k", "n", "-n", name, src.full_name]
+        for t in tags:
+            argv += ["--addtag", t]
+        self.state.begin_change()
+        await self.runner.run(*argv)
+        path = f"/dev/{vg}/{name}"
+        try:
+            if desired > src.size:
+                await self.runner.run("lvresize", "-L", f"{desired}b", f"{vg}/{name}")
+            if access == "ro":
+                await self.runner.run("lvchange", "-p", "r", f"{vg}/{name}")
+            else:
+                await self.runner.run("lvchange", "-k", "n", "-a", "y", f"{vg}/{name}")
+        except LvmError:
+            log.warning("snapshot set-up failed; removing it", extra={"lv": name})
+            try:
+                await self.runner.run("lvremove", "-f", f"{vg}/{name}")
+            except LvmError:
+                log.exception("could not remove the half-made snapshot", extra={"lv": name})
+            raise
+        base = replace(
+            src, name=name, path=path, origin=src.name, tags=tuple(tags) or ("",), attr="", uuid=""
+        )
+        return await self._read_lv(vg, name, base)
