@@ -9,7 +9,7 @@ import pytest
 
 from topolvm.node import condition as c
 from topolvm.node.condition import Condition, InvalidLvAttr, condition_from_attr
-from topolvm.node.csi_node import mount_options
+from topolvm.node.csirequests import mount_options
 from topolvm.node.mounter import parse_mountinfo, unescape
 from topolvm.proto import csi_pb2 as csi
 from topolvm.rpc.locks import KeyedLocks

@@ -8,6 +8,8 @@ import argparse
 import math
 import re
 
+from topolvm.constants import legacy_from_env
+
 
 def parse_listen(value: str) -> tuple[str, int]:
     """``[host]:port`` → (host, port); an empty host means every interface. ValueError names
@@ -81,3 +83,18 @@ def add_bool_flag(parser: argparse.ArgumentParser, flag: str, default: bool, hel
         flag, type=go_bool, nargs="?", const=True, default=default, metavar="BOOL",
         help=f"{help} (default {str(default).lower()})",
     )  # fmt: skip
+
+
+def add_client_flags(parser: argparse.ArgumentParser) -> None:
+    """``--kubeconfig`` and ``--legacy``, as topolvm-node and topolvm-controller take them."""
+    parser.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="kubeconfig file (default: in-cluster service account, then $KUBECONFIG)",
+    )
+    parser.add_argument(
+        "--legacy",
+        action="store_true",
+        default=legacy_from_env(),
+        help="use the legacy topolvm.cybozu.com names (default: set when $USE_LEGACY is non-empty)",
+    )

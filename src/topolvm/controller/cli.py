@@ -8,9 +8,9 @@ import os
 from typing import TYPE_CHECKING
 
 from topolvm import daemon
-from topolvm.cliargs import add_bool_flag, bind_address, go_duration
+from topolvm.cliargs import add_bool_flag, add_client_flags, bind_address, go_duration
 from topolvm.config.errors import ConfigError
-from topolvm.constants import DEFAULT_CSI_SOCKET, legacy_from_env, names
+from topolvm.constants import DEFAULT_CSI_SOCKET, names
 from topolvm.k8s.api import with_client
 from topolvm.k8s.errors import KubeError
 from topolvm.k8s.lvobject import InvalidQuantity, parse_quantity
@@ -91,17 +91,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="age an unreferenced LogicalVolume must reach (default 1h)")  # fmt: skip
     p.add_argument("--lv-gc-interval", type=go_duration, default=600.0,
                    help="time between garbage-collector scans (default 10m)")  # fmt: skip
-    p.add_argument(
-        "--kubeconfig",
-        default=None,
-        help="kubeconfig file (default: in-cluster service account, then $KUBECONFIG)",
-    )
-    p.add_argument(
-        "--legacy",
-        action="store_true",
-        default=legacy_from_env(),
-        help="use the legacy topolvm.cybozu.com names (default: $USE_LEGACY)",
-    )
+    add_client_flags(p)
     p.set_defaults(run=run)
 
 

@@ -8,9 +8,9 @@ import os
 from typing import TYPE_CHECKING
 
 from topolvm import daemon
-from topolvm.cliargs import add_bool_flag, bind_address, positive_seconds
+from topolvm.cliargs import add_bool_flag, add_client_flags, bind_address, positive_seconds
 from topolvm.config.errors import ConfigError
-from topolvm.constants import DEFAULT_CSI_SOCKET, DEFAULT_LVMD_SOCKET, legacy_from_env, names
+from topolvm.constants import DEFAULT_CSI_SOCKET, DEFAULT_LVMD_SOCKET, names
 from topolvm.k8s.api import with_client
 from topolvm.k8s.errors import KubeError
 from topolvm.lvm.errors import LvmError
@@ -51,17 +51,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="lvmd config file, used with --embed-lvmd",
     )
     p.add_argument("--lvm-path", default="", help="deprecated: lvm binary, with --embed-lvmd")
-    p.add_argument(
-        "--kubeconfig",
-        default=None,
-        help="kubeconfig file (default: in-cluster service account, then $KUBECONFIG)",
-    )
-    p.add_argument(
-        "--legacy",
-        action="store_true",
-        default=legacy_from_env(),
-        help="use the legacy topolvm.cybozu.com names (default: set when $USE_LEGACY is non-empty)",
-    )
+    add_client_flags(p)
     p.add_argument(
         "--resync-interval",
         type=positive_seconds,

@@ -9,18 +9,24 @@ earlier process are recognised and reused rather than stacked.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import stat
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
-from topolvm.constants import LEGACY_DEVICE_DIR, Names
+from topolvm.constants import Names
 from topolvm.node import mounter
 from topolvm.node.condition import InvalidLvAttr, condition_from_attr
+from topolvm.node.csirequests import (
+    check_capacity_range,
+    mode_name,
+    mount_options,
+    require,
+    require_absolute,
+)
 from topolvm.node.lvmd_client import LvmdCallError, LvmdClient
 from topolvm.proto import csi_pb2 as csi
 from topolvm.proto import csi_pb2_grpc as csi_grpc
@@ -63,53 +69,6 @@ def _translate(e: Exception) -> status.StatusError | None:
 def rpc(fn: F) -> F:
     """Map errors to gRPC status codes; log every call with volume, target, code and timing."""
     return status.rpc("csi.v1.Node", lambda r: status.fields_of(r, _LOGGED), _translate)(fn)
-
-
-def mount_options(
-    readonly: bool, mount: csi.VolumeCapability.MountVolume, fstype: str
-) -> list[str]:
-    """``ro`` if read-only, then the StorageClass mount flags, then ``nouuid`` for xfs."""
-    options = ["ro"] if readonly else []
-    for flag in mount.mount_flags:
-        if flag == "rw" and readonly:
-            raise status.InvalidArgument(
-                'mount option "rw" is specified even though read only mode is specified',
-            )
-        if flag:
-            options.append(flag)
-    if fstype == "xfs":
-        options.append("nouuid")  # clones and snapshots share their origin's UUID
-    return options
-
-
-def _require(value: str, what: str) -> None:
-    if not value:
-        raise status.InvalidArgument(f"no {what} is provided")
-
-
-def _require_absolute(path: str, what: str) -> None:
-    if not os.path.isabs(path):
-        raise status.InvalidArgument(f"{what} must be an absolute path: {path}")
-
-
-def _check_capacity_range(request: csi.NodeExpandVolumeRequest) -> None:
-    required = request.capacity_range.required_bytes
-    limit = request.capacity_range.limit_bytes
-    if required < 0:
-        raise status.InvalidArgument("required capacity must not be negative")
-    if limit < 0:
-        raise status.InvalidArgument("capacity limit must not be negative")
-    if limit != 0 and required > limit:
-        raise status.InvalidArgument(
-            f"requested capacity exceeds limit capacity: request={required} limit={limit}",
-        )
-
-
-def _mode_name(mode: int) -> str:
-    try:
-        return AccessMode.Mode.Name(cast(Any, mode))
-    except ValueError:
-        return "UNKNOWN"
 
 
 class NodeService(csi_grpc.NodeServicer):
@@ -158,8 +117,8 @@ class NodeService(csi_grpc.NodeServicer):
         self, request: csi.NodePublishVolumeRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> csi.NodePublishVolumeResponse:
         volume_id, target = request.volume_id, request.target_path
-        _require(volume_id, "volume_id")
-        _require(target, "target_path")
+        require(volume_id, "volume_id")
+        require(target, "target_path")
         if not request.HasField("volume_capability"):
             raise status.InvalidArgument("no volume_capability is provided")
         capability = request.volume_capability
@@ -168,8 +127,8 @@ class NodeService(csi_grpc.NodeServicer):
             raise status.InvalidArgument("no supported volume capability: neither block nor mount")
         mode = capability.access_mode.mode
         if mode != AccessMode.SINGLE_NODE_WRITER:
-            raise status.FailedPrecondition(f"unsupported access mode: {_mode_name(mode)} ({mode})")
-        _require_absolute(target, "target_path")
+            raise status.FailedPrecondition(f"unsupported access mode: {mode_name(mode)} ({mode})")
+        require_absolute(target, "target_path")
         fstype, options = "", []
         if access_type == "mount":
             fstype = capability.mount.fs_type or DEFAULT_FSTYPE
@@ -270,7 +229,7 @@ class NodeService(csi_grpc.NodeServicer):
                 )
             return
         try:
-            await asyncio.to_thread(_create_file, target)
+            await asyncio.to_thread(mounter.create_file, target)
         except OSError as e:
             raise status.Internal(f"create failed: target={target}, error={e}") from e
         try:
@@ -285,9 +244,9 @@ class NodeService(csi_grpc.NodeServicer):
         self, request: csi.NodeUnpublishVolumeRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> csi.NodeUnpublishVolumeResponse:
         volume_id, target = request.volume_id, request.target_path
-        _require(volume_id, "volume_id")
-        _require(target, "target_path")
-        _require_absolute(target, "target_path")
+        require(volume_id, "volume_id")
+        require(target, "target_path")
+        require_absolute(target, "target_path")
         async with self.locks.hold(volume_id):
             await self._unpublish(volume_id, target)
         return csi.NodeUnpublishVolumeResponse()
@@ -297,7 +256,7 @@ class NodeService(csi_grpc.NodeServicer):
             await asyncio.to_thread(os.stat, target)
         except FileNotFoundError:
             if not await asyncio.to_thread(mounter.is_mount_point, target):
-                await asyncio.to_thread(_remove_legacy_device, volume_id)
+                await asyncio.to_thread(mounter.remove_legacy_device, volume_id)
                 return
             # a mount point whose filesystem is gone: unmount it all the same
         except OSError as e:
@@ -314,7 +273,7 @@ class NodeService(csi_grpc.NodeServicer):
         else:
             raise status.Internal(f"{target} is still mounted after {MAX_STACKED_MOUNTS} unmounts")
         try:
-            await asyncio.to_thread(_remove_target, target)
+            await asyncio.to_thread(mounter.remove_target, target)
         except OSError as e:
             raise status.Internal(f"remove failed for {target}: {e}") from e
 
@@ -325,8 +284,8 @@ class NodeService(csi_grpc.NodeServicer):
         self, request: csi.NodeGetVolumeStatsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> csi.NodeGetVolumeStatsResponse:
         volume_id, path = request.volume_id, request.volume_path
-        _require(volume_id, "volume_id")
-        _require(path, "volume_path")
+        require(volume_id, "volume_id")
+        require(path, "volume_path")
         if not os.path.isabs(path):
             raise status.NotFound(f"Volume is not found at {path}")
         async with self.locks.hold(volume_id):
@@ -382,9 +341,9 @@ class NodeService(csi_grpc.NodeServicer):
         self, request: csi.NodeExpandVolumeRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> csi.NodeExpandVolumeResponse:
         volume_id, path = request.volume_id, request.volume_path
-        _require(volume_id, "volume_id")
-        _require(path, "volume_path")
-        _check_capacity_range(request)
+        require(volume_id, "volume_id")
+        require(path, "volume_path")
+        check_capacity_range(request)
         if request.volume_capability.HasField("block"):
             return csi.NodeExpandVolumeResponse()  # the LV already has its new size
         async with self.locks.hold(volume_id):
@@ -445,34 +404,3 @@ class NodeService(csi_grpc.NodeServicer):
             node_id=self.node_name,
             accessible_topology=csi.Topology(segments={self.names.topology_key: self.node_name}),
         )
-
-
-def _create_file(path: str) -> None:
-    """Create ``path`` as an empty regular file (kept if it exists), mode 0755."""
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"{path} is a directory")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o755)
-    os.close(fd)
-    os.chmod(path, 0o755)
-
-
-def _remove_target(path: str) -> None:
-    """Remove an unmounted target: rmdir (never recursive: leftovers are kept) or unlink."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(mode):
-        os.rmdir(path)
-    else:
-        os.unlink(path)
-
-
-def _remove_legacy_device(volume_id: str) -> None:
-    """Remove ``/dev/topolvm/<volume_id>`` left by old releases (a device node, never a dir)."""
-    if "/" in volume_id or volume_id in (".", ".."):
-        return
-    path = os.path.join(LEGACY_DEVICE_DIR, volume_id)
-    with contextlib.suppress(OSError):
-        if not stat.S_ISDIR(os.lstat(path).st_mode):
-            os.unlink(path)

@@ -19,6 +19,7 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from topolvm.constants import LEGACY_DEVICE_DIR
 from topolvm.process import CommandTimedOut, run_captured
 
 log = logging.getLogger(__name__)
@@ -354,3 +355,34 @@ def fs_stats(path: str) -> FsStats:
         used_inodes=st.f_files - st.f_ffree,
         free_inodes=st.f_ffree,
     )
+
+
+def create_file(path: str) -> None:
+    """Create ``path`` as an empty regular file (kept if it exists), mode 0755."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path} is a directory")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o755)
+    os.close(fd)
+    os.chmod(path, 0o755)
+
+
+def remove_target(path: str) -> None:
+    """Remove an unmounted target: rmdir (never recursive: leftovers are kept) or unlink."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        os.rmdir(path)
+    else:
+        os.unlink(path)
+
+
+def remove_legacy_device(volume_id: str) -> None:
+    """Remove ``/dev/topolvm/<volume_id>`` left by old releases (a device node, never a dir)."""
+    if "/" in volume_id or volume_id in (".", ".."):
+        return
+    path = os.path.join(LEGACY_DEVICE_DIR, volume_id)
+    with contextlib.suppress(OSError):
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            os.unlink(path)

@@ -1,0 +1,59 @@
+"""Checks of CSI Node requests' fields and what they imply (mount options), pure: each bad
+field is an INVALID_ARGUMENT naming it."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, cast
+
+from topolvm.proto import csi_pb2 as csi
+from topolvm.rpc import status
+
+AccessMode = csi.VolumeCapability.AccessMode
+
+
+def mount_options(
+    readonly: bool, mount: csi.VolumeCapability.MountVolume, fstype: str
+) -> list[str]:
+    """``ro`` if read-only, then the StorageClass mount flags, then ``nouuid`` for xfs."""
+    options = ["ro"] if readonly else []
+    for flag in mount.mount_flags:
+        if flag == "rw" and readonly:
+            raise status.InvalidArgument(
+                'mount option "rw" is specified even though read only mode is specified',
+            )
+        if flag:
+            options.append(flag)
+    if fstype == "xfs":
+        options.append("nouuid")  # clones and snapshots share their origin's UUID
+    return options
+
+
+def require(value: str, what: str) -> None:
+    if not value:
+        raise status.InvalidArgument(f"no {what} is provided")
+
+
+def require_absolute(path: str, what: str) -> None:
+    if not os.path.isabs(path):
+        raise status.InvalidArgument(f"{what} must be an absolute path: {path}")
+
+
+def check_capacity_range(request: csi.NodeExpandVolumeRequest) -> None:
+    required = request.capacity_range.required_bytes
+    limit = request.capacity_range.limit_bytes
+    if required < 0:
+        raise status.InvalidArgument("required capacity must not be negative")
+    if limit < 0:
+        raise status.InvalidArgument("capacity limit must not be negative")
+    if limit != 0 and required > limit:
+        raise status.InvalidArgument(
+            f"requested capacity exceeds limit capacity: request={required} limit={limit}",
+        )
+
+
+def mode_name(mode: int) -> str:
+    try:
+        return AccessMode.Mode.Name(cast(Any, mode))
+    except ValueError:
+        return "UNKNOWN"
