@@ -57,6 +57,19 @@ def test_parse_quantity_rejects(bad: object) -> None:
 
 
 @pytest.mark.parametrize(
+    "huge", ["1e30000000", "1e300000", "9.3e18", "8Ei", "0.1e20", 2**63, "9223372036854775808"]
+)
+def test_parse_quantity_refuses_what_no_volume_can_be_at_once(huge: object) -> None:
+    """The CRD's quantity pattern lets anyone with write access store "1e30000000" in
+    spec.size: it used to overflow Decimal (an unexpected error) or, at 1e300000, cost seconds
+    of CPU per reconcile. Now it is an InvalidQuantity, found without computing it."""
+    with pytest.raises(InvalidQuantity, match="is larger than 9223372036854775807 bytes"):
+        parse_quantity(huge)
+    assert parse_quantity("9223372036854775807") == 2**63 - 1
+    assert parse_quantity("7Ei") == 7 << 60
+
+
+@pytest.mark.parametrize(
     ("size", "text"),
     [
         (GiB, "1Gi"),

@@ -1,4 +1,4 @@
-"""Prometheus metrics of topolvm-controller (besides the CSI call metrics of ``csi.status``)."""
+"""Prometheus metrics of topolvm-controller (besides the CSI call metrics of ``rpc.status``)."""
 
 from __future__ import annotations
 

@@ -80,7 +80,7 @@ class ReadinessChecker:
 
 
 class IdentityService(csi_grpc.IdentityServicer):
-    grpc_metrics: object = None  # a csi.status.GrpcMetrics to count calls in
+    grpc_metrics: object = None  # a rpc.status.GrpcMetrics to count calls in
 
     def __init__(
         self,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 _SUFFIXES: dict[str, int | Decimal] = {
@@ -21,11 +21,18 @@ class InvalidQuantity(ValueError):
     pass
 
 
+# Kubernetes reads a quantity's bytes as an int64 (resource.Quantity.Value()); so does this.
+MAX_QUANTITY = 2**63 - 1
+_MAX_DIGITS = 19  # a number whose exponent is above this exceeds MAX_QUANTITY before any suffix
+
+
 def parse_quantity(value: Any) -> int:
     """A Kubernetes quantity (``1Gi``, ``1073741824``, ``1.5Gi``) as whole bytes, rounded up."""
     if isinstance(value, bool):
         raise InvalidQuantity(f"not a quantity: {value!r}")
     if isinstance(value, int):
+        if value > MAX_QUANTITY:
+            raise InvalidQuantity(f"quantity {value!r} is larger than {MAX_QUANTITY} bytes")
         return value
     if not isinstance(value, str):
         raise InvalidQuantity(f"not a quantity: {value!r}")
@@ -34,10 +41,17 @@ def parse_quantity(value: Any) -> int:
         raise InvalidQuantity(f"not a quantity: {value!r}")
     number, exponent, suffix = m.groups()
     try:
-        amount = Decimal(number + (exponent or "")) * Decimal(_SUFFIXES[suffix or ""])
-    except InvalidOperation as e:
+        base = Decimal(number + (exponent or ""))
+        # Anyone who may write the object can write "1e30000000": refuse what no volume can
+        # be before computing it (a huge exponent costs seconds, or overflows Decimal).
+        if base and base.adjusted() > _MAX_DIGITS:
+            raise InvalidQuantity(f"quantity {value!r} is larger than {MAX_QUANTITY} bytes")
+        amount = base * Decimal(_SUFFIXES[suffix or ""])
+    except ArithmeticError as e:  # decimal's InvalidOperation, Overflow, ...
         raise InvalidQuantity(f"not a quantity: {value!r}") from e
     whole = int(amount.to_integral_value(rounding="ROUND_CEILING"))
+    if whole > MAX_QUANTITY:
+        raise InvalidQuantity(f"quantity {value!r} is larger than {MAX_QUANTITY} bytes")
     return whole
 
 
