@@ -1,10 +1,10 @@
 """``make bench``: topolvm-controller's CreateVolume against bare ``lvcreate`` in the same guest.
 
-Set-up, as ``devtools/cluster.py`` does it: a private network namespace, the real control plane
-(etcd, kube-apiserver, ...), one UML node with ``vg1`` and ``topolvm node`` (embedded lvmd,
-thick device class ``ssd``), and ``topolvm controller`` on the host. No CSI sidecar runs: the
-bench calls the controller's CSI socket itself, as csi-provisioner would (preferred topology =
-the node, an ext4 mount capability, 64 MiB).
+Set-up, with the test bed of ``devtools/testbed/bed.py``: a private network namespace, the real
+control plane (etcd, kube-apiserver, ...), one UML node with ``vg1`` and ``topolvm node``
+(embedded lvmd, thick device class ``ssd``), and ``topolvm controller`` on the host. No CSI
+sidecar runs: the bench calls the controller's CSI socket itself, as csi-provisioner would
+(preferred topology = the node, an ext4 mount capability, 64 MiB).
 
 1. Latency at concurrency 1: CreateVolume until it returns (the LV exists and the node has
    written the LogicalVolume's status), then DeleteVolume, against ``lvcreate``/``lvremove``
@@ -43,19 +43,15 @@ from pathlib import Path
 from typing import Any
 
 from devtools import gobuild, umlkernel
+from devtools.testbed.bed import CLUSTER_BINARIES, THICK, VG, Testbed
 from devtools.testbed.controlplane import ControlPlane
-from devtools.testbed.driver import NAMESPACE, DriverStack, csidriver
 from devtools.testbed.process import HarnessError, enter_private_netns
 from devtools.testbed.umlnode import LVM, UmlNode
 
 MiB = 1 << 20
 GiB = 1 << 30
 SIZE = 64 * MiB  # >= the ext4 minimum allocation (32 MiB), so no rounding up
-VG = "vg1"
 NODE = "bench-n1"
-THICK = {"name": "ssd", "volume-group": VG, "default": True, "spare-gb": 1}
-CLUSTER_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
-                    "kubectl")  # fmt: skip
 LATENCY_TARGET = 1.3  # median CreateVolume / median lvcreate, at most
 THROUGHPUT_TARGET = 0.9  # CreateVolume volumes/s / lvcreate volumes/s, at least
 SETTLE = 2.0  # seconds between phases: lvmd's report and the capacity export after changes
@@ -447,10 +443,9 @@ def _cleanup_cluster(cp: ControlPlane) -> None:
                    check=False)  # fmt: skip
 
 
-def stop_node(node: UmlNode) -> None:
+def remove_lvs(node: UmlNode) -> None:
+    """Whatever a Ctrl-C left in the guest, baseline LVs included (topolvm-node is stopped)."""
     with contextlib.suppress(Exception):
-        node.stop_topolvm_node()
-    with contextlib.suppress(Exception):  # whatever a Ctrl-C left, baseline LVs included
         node.lvm("lvremove", "-f", "-y", VG, check=False)
 
 
@@ -478,23 +473,11 @@ def main() -> int:
     print("starting the control plane, a UML node and topolvm-controller ...", flush=True)
     ok = False
     try:
-        with contextlib.ExitStack() as stack:
-            cp = ControlPlane(WORKDIR / "controlplane", bins)
-            stack.callback(cp.stop)
-            cp.start()
-            node = UmlNode(NODE, 1, WORKDIR / "nodes", disks=(16 * GiB,))
-            stack.callback(node.stop)
-            node.start()
-            node.make_vg(VG, args.vg_gib)
-            cp.add_node(node.name)
-            cp.apply(csidriver("topolvm.io"))
-            cp.kubectl("create", "namespace", NAMESPACE, check=False)
-            stack.callback(stop_node, node)
-            node.start_topolvm_node(cp, [THICK])
-            driver = DriverStack(cp, bins, WORKDIR / "driver")
-            stack.callback(cleanup_cluster, cp)
-            stack.callback(driver.stop)
-            driver.start_controller()
+        with Testbed(WORKDIR, bins, before_node_stop=remove_lvs) as bed:
+            cp = bed.start_control_plane()
+            node = bed.start_node(NODE, 1, args.vg_gib, disks=(16 * GiB,), device_classes=[THICK])
+            bed.defer("LogicalVolumes", lambda: cleanup_cluster(cp))  # after the driver stops
+            driver = bed.start_driver(sidecars=False)
             t1 = time.monotonic()
             bench = Bench(node, driver.socket, cp.kubeconfig)
             results = asyncio.run(bench.run(args))

@@ -1,5 +1,6 @@
 """What the test bed's builders share (devtools.gobuild for the Go tools, devtools.umlkernel for
-the User-Mode Linux kernel): a folder per build, named by a hash of its inputs, built once under
+the User-Mode Linux kernel, devtools.image_base and devtools.image_app for the image's Debian
+layer and wheels): a folder per build, named by a hash of its inputs, built once under
 a lock into a ``.partial`` folder that is renamed when complete; older builds of the same thing
 pruned; a long build shows progress on stderr, since stdout carries only the results' paths."""
 
@@ -17,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TextIO
 
 COMPLETE = ".complete"
 
@@ -25,9 +27,10 @@ class BuildError(RuntimeError):
     """A build failed; the message carries the command and the tail of its output."""
 
 
-def say(line: str) -> None:
-    """Progress goes to stderr: stdout carries only the built files' paths."""
-    print(line, file=sys.stderr, flush=True)
+def say(line: str = "", stream: TextIO | None = None) -> None:
+    """One line for a person, at once. A build's progress goes to stderr (the default): stdout
+    carries only the built files' paths. The demos tell their story on ``stream=sys.stdout``."""
+    print(line, file=sys.stderr if stream is None else stream, flush=True)
 
 
 @contextlib.contextmanager
@@ -39,19 +42,28 @@ def locked(path: Path) -> Iterator[None]:
         yield
 
 
-def cached_build(out: Path, build: Callable[[Path], None], *, kind: str) -> Path:
-    """Return ``out``, first running ``build(partial)`` to fill it if it is not complete.
+def cached_build(
+    out: Path,
+    build: Callable[[Path], None],
+    *,
+    kind: str,
+    keep: int = 0,
+    rebuild: bool = False,
+) -> Path:
+    """Return ``out``, first running ``build(partial)`` to fill it if it is not complete (or if
+    ``rebuild``: a complete ``out`` then stays until the new build replaces it).
 
     ``out`` is named ``<kind>-<12 hex digits hashing the inputs>``; once it is complete, every
-    other folder so named beside it (a build of earlier inputs) is removed. A lock serialises
-    builds of the same kind from other processes (another clone's session, say)."""
-    if (out / COMPLETE).exists():
+    other folder so named beside it (a build of earlier inputs) is removed but the ``keep``
+    newest. A lock serialises builds of the same kind from other processes (another clone's
+    session, say)."""
+    if (out / COMPLETE).exists() and not rebuild:
         return out
     ours = re.compile(rf"{re.escape(kind)}-[0-9a-f]{{12}}(\.partial)?")
     if not ours.fullmatch(out.name):
         raise ValueError(f"{out.name}: not named <kind>-<12 hex digits>")
     with locked(out.parent / f".{kind}.lock"):
-        if (out / COMPLETE).exists():
+        if (out / COMPLETE).exists() and not rebuild:
             return out
         tmp = out.with_name(out.name + ".partial")
         for stale in out.parent.glob(f"{kind}-*.partial"):  # a build that was killed
@@ -66,9 +78,14 @@ def cached_build(out: Path, build: Callable[[Path], None], *, kind: str) -> Path
         (tmp / COMPLETE).write_text(json.dumps({"built": time.time()}))
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
-        for old in out.parent.glob(f"{kind}-*"):
-            if old != out and old.is_dir() and ours.fullmatch(old.name):
-                shutil.rmtree(old, ignore_errors=True)
+        older = [
+            old
+            for old in out.parent.glob(f"{kind}-*")
+            if old != out and old.is_dir() and ours.fullmatch(old.name)
+        ]
+        older.sort(key=lambda old: old.stat().st_mtime, reverse=True)
+        for old in older[keep:]:
+            shutil.rmtree(old, ignore_errors=True)
     return out
 
 

@@ -24,15 +24,13 @@ import time
 from pathlib import Path
 
 from devtools import gobuild, umlkernel
-from devtools.testbed.controlplane import ControlPlane
+from devtools.testbed.bed import THICK, Testbed
 from devtools.testbed.process import HarnessError, tail
-from devtools.testbed.umlnode import UmlNode
 
 NETNS = "topolvm-dev"
 WORKDIR = gobuild.ROOT / ".cache" / "cluster"
 STATE = WORKDIR / "state.json"
 PIDFILE = WORKDIR / "serve.pid"  # the process group of `serve`
-THICK = {"name": "ssd", "volume-group": "vg1", "default": True, "spare-gb": 1}
 
 
 def _netns_exists() -> bool:
@@ -81,17 +79,12 @@ def serve(nodes: int, vg_gib: float) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
-    cp = ControlPlane(WORKDIR / "controlplane", gobuild.ensure())
-    guests: list[UmlNode] = []
+    bed = Testbed(WORKDIR, gobuild.ensure())
     try:
-        cp.start()
+        cp = bed.start_control_plane()
         print(f"control plane up in {cp.started_in:.1f}s", flush=True)
         for i in range(1, nodes + 1):
-            node = UmlNode(f"uml-{i}", i, WORKDIR / "nodes").start()
-            guests.append(node)
-            node.make_vg("vg1", vg_gib)
-            cp.add_node(node.name)
-            node.start_topolvm_node(cp, [THICK])
+            node = bed.start_node(f"uml-{i}", i, vg_gib, device_classes=[THICK])
             print(
                 f"UML node {node.name} at {node.address}: vg1 {vg_gib} GiB, topolvm-node",
                 flush=True,
@@ -103,7 +96,7 @@ def serve(nodes: int, vg_gib: float) -> int:
                     "pid": os.getpid(),
                     "kubeconfig": str(cp.kubeconfig),
                     "bins": str(cp.bins["kubectl"].parent),
-                    "nodes": [n.name for n in guests],
+                    "nodes": [n.name for n in bed.nodes],
                 }
             )
         )
@@ -113,12 +106,7 @@ def serve(nodes: int, vg_gib: float) -> int:
         print(f"error: {exc}", flush=True)
         return 1
     finally:
-        for node in guests:
-            with contextlib.suppress(Exception):
-                node.stop_topolvm_node()
-            with contextlib.suppress(Exception):
-                node.stop()
-        cp.stop()
+        bed.teardown(warn=lambda line: print(line, flush=True))
         STATE.unlink(missing_ok=True)
     return 0
 

@@ -37,10 +37,9 @@ from devtools.demo_steps import (
     SC_THIN,
     VALUES,
     WORK,
+    DemoBed,
     DemoError,
     Steps,
-    Testbed,
-    become_subreaper,
     capacities,
     capacity_annotations,
     claim,
@@ -52,7 +51,6 @@ from devtools.demo_steps import (
     nothing_left,
     placed,
     pod,
-    reap_leftovers,
     resize_pending,
     say,
     show_yaml,
@@ -64,7 +62,7 @@ from devtools.demo_steps import (
 )
 from devtools.testbed.chartpods import ControllerPod, Release, start_node_pod
 from devtools.testbed.kubelet import KubeletStandIn
-from devtools.testbed.process import enter_private_netns
+from devtools.testbed.process import become_subreaper, enter_private_netns, reap_leftovers
 from devtools.testbed.umlnode import GiB
 from topolvm.k8s.api import make_client
 
@@ -73,7 +71,7 @@ LVS = ("lvs", "-o", "lv_name,lv_size,lv_attr,pool_lv,origin,data_percent", "vg1"
 
 
 @dataclass
-class Demo(Testbed):
+class Demo(DemoBed):
     """Steps 2 to 8, on the test bed that step 1 started."""
 
     steps: Steps = field(default_factory=Steps)
@@ -269,7 +267,7 @@ class Demo(Testbed):
         say(f"  $ helm uninstall {RELEASE} -n {RELEASE_NS} --wait")
         assert self.release is not None
         say(indent(self.release.helm("uninstall", RELEASE, "-n", RELEASE_NS, "--wait")))
-        self.stop_driver()
+        self.stop_chart()
         say("  the chart's processes stopped (as the kubelet stops a deleted pod's containers)")
         cp.kubectl("delete", "pods", "--all", "-n", RELEASE_NS, "--grace-period=0", "--force")
         kubectl(cp, "delete", "namespace", RELEASE_NS, "--timeout=90s")
@@ -309,7 +307,7 @@ class Demo(Testbed):
                         "-o", CAPACITY_COLUMNS)  # fmt: skip
             with step("Remove everything, stop everything"):
                 await self.remove(kubelet)
-                self.teardown(verbose=True)
+                self.stop_all(verbose=True)
         finally:
             await kubelet.close()
             await client.close()
@@ -334,7 +332,7 @@ def main() -> int:
             enter_private_netns()
             say("  in a private network namespace: the API server's ports and the guests' TAP "
                 "links exist only there")  # fmt: skip
-            demo = Demo(bins, steps=steps)
+            demo = Demo(WORK, bins, steps=steps)
             demo.start_cluster()
         asyncio.run(demo.run())
         code = 0
@@ -346,7 +344,7 @@ def main() -> int:
         say(f"logs: {WORK}/ (controlplane/logs, controller/logs, nodes/)")
     finally:
         if demo is not None:
-            demo.teardown()
+            demo.stop_all()
         if left := reap_leftovers():
             say(f"  WARNING: killed processes left running: {', '.join(left)}")
     say("\nsteps:\n" + steps.summary())

@@ -9,6 +9,7 @@ GetFreeBytes, RemoveLV, then SIGTERM.
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
 import subprocess
 import sys
@@ -22,15 +23,14 @@ import aiohttp
 import grpc
 import yaml
 
-from devtools import uml
+from devtools import buildcache, uml
 
 GiB = 1 << 30
 MiB = 1 << 20
 LVM = "/sbin/lvm"
 
 
-def say(msg: str) -> None:
-    print(msg, flush=True)
+say = functools.partial(buildcache.say, stream=sys.stdout)  # the demo's story: on stdout
 
 
 def sh(*args: str) -> str:

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
+import functools
 import json
-import os
 import shlex
 import shutil
-import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -21,10 +20,11 @@ from typing import Any
 
 import yaml
 
-from devtools import gobuild, helm
+from devtools import buildcache, gobuild, helm
+from devtools.testbed.bed import CLUSTER_BINARIES, Testbed
 from devtools.testbed.chartpods import ControllerPod
 from devtools.testbed.controlplane import ControlPlane
-from devtools.testbed.process import Child
+from devtools.testbed.driver import SIDECAR_BINARIES
 from devtools.testbed.umlnode import UmlNode
 
 GiB = 1 << 30
@@ -68,8 +68,7 @@ class DemoError(RuntimeError):
     """A step did not reach its goal; the message says what was awaited and what was seen."""
 
 
-def say(msg: str = "") -> None:
-    print(msg, flush=True)
+say = functools.partial(buildcache.say, stream=sys.stdout)  # the demo's story: on stdout
 
 
 def indent(text: str, prefix: str = "    ") -> str:
@@ -274,9 +273,7 @@ def nothing_left(cp: ControlPlane) -> bool:
 
 # --- the test bed ----------------------------------------------------------------------------
 
-NEEDED = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl",
-          "csi-provisioner", "csi-resizer", "csi-snapshotter", "snapshot-controller",
-          "snapshot-crds")  # fmt: skip
+NEEDED = (*CLUSTER_BINARIES, *SIDECAR_BINARIES)
 WORK = gobuild.ROOT / ".cache" / "demo"
 LV_CRDS = ("logicalvolumes.topolvm.io", "logicalvolumes.topolvm.cybozu.com")
 
@@ -304,25 +301,20 @@ def tools() -> dict[str, Path]:
     return bins
 
 
-@dataclass
-class Testbed:
-    """What step 1 starts (control plane, snapshot-controller, UML nodes) and, once the chart
-    is installed, its processes; :meth:`teardown` stops them all."""
+def keep_node_log(node: UmlNode) -> None:
+    """topolvm-node's whole log beside the guest's console, for a failed run."""
+    with contextlib.suppress(Exception):
+        (node.workdir / f"{node.name}.topolvm-node.log").write_text(node.node_log(lines=0))
 
-    bins: dict[str, Path]
-    cp: ControlPlane | None = None
-    nodes: list[UmlNode] = field(default_factory=list)
-    snapshot_controller: Child | None = None
+
+@dataclass
+class DemoBed(Testbed):
+    """The test bed (devtools/testbed/bed.py) as step 1 starts it, and once the chart is
+    installed its processes; :meth:`stop_all` stops them all."""
+
+    before_node_stop: Callable[[UmlNode], None] | None = keep_node_log
     controller: ControllerPod | None = None
     node_pods: bool = False
-
-    @property
-    def kube(self) -> ControlPlane:
-        assert self.cp is not None
-        return self.cp
-
-    def node(self, name: str) -> UmlNode:
-        return next(n for n in self.nodes if n.name == name)
 
     def logs(self) -> str:
         """Tails of the driver's logs, for a timeout message."""
@@ -334,35 +326,25 @@ class Testbed:
         return "\n".join(parts)
 
     def start_cluster(self) -> None:
-        shutil.rmtree(WORK, ignore_errors=True)
-        self.cp = cp = ControlPlane(WORK / "controlplane", self.bins)
-        cp.start()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        cp = self.start_control_plane()
         say(f"  control plane up in {cp.started_in:.1f}s: etcd, kube-apiserver, "
             f"kube-controller-manager, kube-scheduler (logs in {cp.workdir / 'logs'})")  # fmt: skip
         # The test bed pre-applies the LogicalVolume CRDs; a fresh cluster has none: the chart
         # installs them.
         cp.kubectl("delete", "crd", *LV_CRDS, "--ignore-not-found")
-        for f in sorted(self.bins["snapshot-crds"].glob("snapshot.storage.k8s.io_*.yaml")):
-            cp.kubectl("apply", "--server-side", "-f", str(f))
-        self.snapshot_controller = Child(
-            "snapshot-controller",
-            [str(self.bins["snapshot-controller"]), f"--kubeconfig={cp.kubeconfig}"],
-            WORK / "logs" / "snapshot-controller.log",
-        ).start()
+        self.start_snapshot_controller()
         say("  cluster add-ons, as on any cluster with snapshots: VolumeSnapshot CRDs, "
             "snapshot-controller")  # fmt: skip
         for index, (name, size) in enumerate(NODE_VG_GIB.items(), start=1):
-            node = UmlNode(name, index, WORK / "nodes", disks=(size * GiB,))
-            node.start()
-            self.nodes.append(node)
-            node.make_vg("vg1", size)
+            node = self.start_node(name, index, size, disks=(size * GiB,))
             node.lvm("lvcreate", "-T", "vg1/pool0", "-L", f"{THIN_POOL_GIB}g")
-            cp.add_node(name)
             say(f"  {name}: UML guest at {node.address}, VG vg1 of {size} GiB on "
                 f"{node.disk_devices[0]} with thin pool pool0 ({THIN_POOL_GIB} GiB); "
                 "Node and CSINode registered")  # fmt: skip
+        self.defer("the chart's processes", self.stop_chart)  # step 2 starts them
 
-    def stop_driver(self) -> None:
+    def stop_chart(self) -> None:
         if self.controller is not None:
             self.controller.stop()
             self.controller = None
@@ -372,70 +354,9 @@ class Testbed:
                 with contextlib.suppress(Exception):
                     n.stop_topolvm_node()
 
-    def teardown(self, verbose: bool = False) -> None:
+    def stop_all(self, verbose: bool = False) -> None:
         """Stop whatever runs; safe to call twice. Each part is stopped whatever the others do."""
-        for what, stop in (("the chart's processes", self.stop_driver),
-                           ("UML nodes", self._stop_nodes),
-                           ("snapshot-controller", self._stop_snapshot_controller),
-                           ("control plane", self._stop_control_plane)):  # fmt: skip
-            try:
-                stop()
-            except Exception as exc:
-                say(f"  WARNING: stopping {what}: {exc}")
+        self.teardown(warn=lambda line: say(f"  {line}"))
         if verbose:
             say("  stopped: UML nodes (their disks were in /dev/shm, gone), snapshot-controller, "
                 "control plane; the network namespace ends with this process")  # fmt: skip
-
-    def _stop_nodes(self) -> None:
-        while self.nodes:
-            node = self.nodes.pop()
-            with contextlib.suppress(Exception):  # keep its log for a failed run
-                (WORK / "nodes" / f"{node.name}.topolvm-node.log").write_text(
-                    node.node_log(lines=0)
-                )
-            node.stop()
-
-    def _stop_snapshot_controller(self) -> None:
-        if self.snapshot_controller is not None:
-            self.snapshot_controller.stop()
-            self.snapshot_controller = None
-
-    def _stop_control_plane(self) -> None:
-        if self.cp is not None:
-            self.cp.stop()
-            self.cp = None
-
-
-PR_SET_CHILD_SUBREAPER = 36
-
-
-def become_subreaper() -> None:
-    """Orphaned descendants are re-parented to this process, not to PID 1: a UML kernel still
-    exiting after its ``unshare`` parent was killed, say. :func:`reap_leftovers` waits for them."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-
-
-def reap_leftovers(timeout: float = 30) -> list[str]:
-    """Kill and reap every child still there (call it when all is stopped), so that nothing
-    outlives the demo; returns the names of those that were still running."""
-    me, running = os.getpid(), []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        kids = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                comm, rest = stat.read_text().rsplit(")", 1)
-                fields = rest.split()
-                if int(fields[1]) == me:
-                    kids.append((int(stat.parent.name), comm.split("(", 1)[1], fields[0]))
-        if not kids:
-            break
-        for pid, comm, state in kids:
-            if state != "Z":
-                running.append(comm)
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-        time.sleep(0.1)
-    return running

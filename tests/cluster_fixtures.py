@@ -23,6 +23,7 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node, Pod
 
 from devtools import gobuild
+from devtools.testbed.bed import CLUSTER_BINARIES, Testbed
 from devtools.testbed.controlplane import GUEST_SUBNETS, ControlPlane
 from devtools.testbed.driver import SIDECAR_BINARIES, DriverStack
 from devtools.testbed.kubelet import KubeletStandIn
@@ -31,13 +32,6 @@ from devtools.testbed.umlnode import UmlNode
 from topolvm.k8s import api
 from topolvm.k8s.api import make_client
 
-CLUSTER_BINARIES = (
-    "etcd",
-    "kube-apiserver",
-    "kube-controller-manager",
-    "kube-scheduler",
-    "kubectl",
-)
 EXTENDER_PORTS = {"topolvm-extender": 9251, "topolvm-marker": 9252, "topolvm-nodecache": 9253}
 GROUP_LABEL = "topolvm.test/group"  # pods select their test's nodes with it
 _stats: dict[str, float] = {}
@@ -57,8 +51,9 @@ def peak_rss_mib(pid: int) -> float:
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """etcd + kube-apiserver + kube-controller-manager + kube-scheduler for the whole session."""
-    bins = gobuild.ensure(*CLUSTER_BINARIES)
-    cp = ControlPlane(tmp_path_factory.mktemp("controlplane"), bins).start()
+    folder = tmp_path_factory.mktemp("controlplane")
+    bed = Testbed(folder, gobuild.ensure(*CLUSTER_BINARIES))
+    cp = bed.start_control_plane(folder)
     _stats["start_seconds"] = cp.started_in
     try:
         yield cp
@@ -66,7 +61,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         _stats["peak_rss_mib"] = sum(
             peak_rss_mib(c.proc.pid) for c in cp.children.values() if c.proc is not None
         )
-        cp.stop()
+        bed.teardown()
 
 
 def record_stat(name: str, value: float) -> None:
@@ -118,8 +113,8 @@ class NodeSet:
     Node objects and the LogicalVolumes on them, and removes the guests and their TAP links."""
 
     def __init__(self, cp: ControlPlane, prefix: str, workdir: Path) -> None:
-        self.cp, self.prefix, self.workdir = cp, prefix, workdir
-        self.started: list[UmlNode] = []
+        self.cp, self.prefix = cp, prefix
+        self.bed = Testbed(workdir, cp.bins, cp=cp, node_dir=workdir, before_node_stop=self._forget)
 
     def make(
         self, count: int = 1, vg_gib: list[float] | None = None, disks: int = 2,
@@ -130,43 +125,30 @@ class NodeSet:
         for i in range(count):
             if not _free_indices:
                 raise RuntimeError(f"at most {GUEST_SUBNETS} UML nodes at once")
-            node = UmlNode(
-                f"{self.prefix}-n{len(self.started) + 1}",
-                _free_indices.pop(0),
-                self.workdir,
-                disks=(disk_gib << 30,) * disks,
-            )
-            self.started.append(node)
-            node.start()
-            node.make_vg("vg1", sizes[i])
-            node.labels[GROUP_LABEL] = self.prefix
-            self.cp.add_node(node.name, labels=node.labels)
+            name = f"{self.prefix}-n{len(self.bed.nodes) + 1}"
+            node = self.bed.start_node(name, _free_indices.pop(0), sizes[i],
+                                       disks=(disk_gib << 30,) * disks,
+                                       labels={GROUP_LABEL: self.prefix})  # fmt: skip
             made.append(node)
         return made
+
+    def _forget(self, node: UmlNode) -> None:
+        """The cluster's objects of a node whose topolvm-node is stopped."""
+        cp = self.cp
+        cp.kubectl("delete", "node", node.name, "--wait=false", check=False)
+        cp.kubectl("delete", "csinode", node.name, "--wait=false", check=False)
+        _drop_finalizers(cp, "node", node.name)
+        for group in ("logicalvolumes.topolvm.io", "logicalvolumes.topolvm.cybozu.com"):
+            _delete_lvs_on(cp, group, node.name)
 
     def close(self) -> None:
         """Every step runs for every node, whatever an earlier one raised; the first error is
         raised at the end."""
-        cp = self.cp
-        errors: list[BaseException] = []
-        for node in self.started:
-            with contextlib.suppress(Exception):
-                node.stop_topolvm_node()
-        for node in self.started:
-            try:
-                cp.kubectl("delete", "node", node.name, "--wait=false", check=False)
-                cp.kubectl("delete", "csinode", node.name, "--wait=false", check=False)
-                _drop_finalizers(cp, "node", node.name)
-                for group in ("logicalvolumes.topolvm.io", "logicalvolumes.topolvm.cybozu.com"):
-                    _delete_lvs_on(cp, group, node.name)
-            except Exception as exc:
-                errors.append(exc)
-            finally:
-                node.stop()
-                _free_indices.append(node.index)
-        self.started.clear()
-        if errors:
-            raise errors[0]
+        indices = [node.index for node in self.bed.nodes]
+        try:
+            self.bed.teardown()
+        finally:
+            _free_indices.extend(indices)
 
 
 @pytest.fixture
@@ -243,14 +225,15 @@ def driver(
 ) -> Iterator[DriverStack]:
     """``topolvm controller`` on the host with the real csi-provisioner (``--enable-capacity``),
     csi-resizer, csi-snapshotter and snapshot-controller, and the CSIDriver ``topolvm.io``."""
-    bins = gobuild.ensure(*SIDECAR_BINARIES)
-    stack = DriverStack(control_plane, bins, tmp_path_factory.mktemp("driver")).start()
+    folder = tmp_path_factory.mktemp("driver")
+    bed = Testbed(folder, gobuild.ensure(*SIDECAR_BINARIES), cp=control_plane)
+    stack = bed.start_driver(folder=folder)
     _RUNNING_DRIVERS.append(stack)
     try:
         yield stack
     finally:
         _RUNNING_DRIVERS.remove(stack)
-        stack.stop()
+        bed.teardown()
 
 
 _RUNNING_DRIVERS: list[DriverStack] = []

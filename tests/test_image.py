@@ -20,7 +20,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from devtools import image, uml
+from devtools import image, image_app, image_build, image_common, image_oci, uml
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "Dockerfile"
@@ -78,7 +78,7 @@ def test_python_pins_are_the_runtime_closure_of_pyproject() -> None:
 
 
 def test_wheel_tags_fit_bookworm() -> None:
-    tags = image.wheel_tags("amd64")
+    tags = image_app.wheel_tags("amd64")
     assert tags[0] == "manylinux_2_36_x86_64" and "manylinux_2_17_x86_64" in tags
 
 
@@ -97,13 +97,13 @@ def moved_network() -> bool:
 
 
 @pytest.fixture(scope="module")
-def built() -> image.ImageInfo:
+def built() -> image_build.ImageInfo:
     """The image from build/image/ (no network needed while the caches are warm), else built."""
     if os.geteuid() != 0:
         pytest.skip("building the image needs root (chroot, mmdebstrap --mode=root)")
     try:
-        return image.build()
-    except image.ImageError as exc:
+        return image_build.build()
+    except image_common.ImageError as exc:
         if not moved_network():
             pytest.fail(f"image build failed: {exc}")
     proc = subprocess.run(
@@ -115,22 +115,22 @@ def built() -> image.ImageInfo:
         pytest.fail(
             f"image build (in the session's first network namespace) failed:\n{proc.stderr}"
         )
-    return image.ImageInfo(**json.loads(proc.stdout))
+    return image_build.ImageInfo(**json.loads(proc.stdout))
 
 
 @pytest.fixture(scope="module")
-def rootfs(built: image.ImageInfo, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return image.unpack(built, tmp_path_factory.mktemp("image") / "rootfs")
+def rootfs(built: image_build.ImageInfo, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return image_build.unpack(built, tmp_path_factory.mktemp("image") / "rootfs")
 
 
 def in_image(root: Path, *argv: str) -> str:
-    rc, out = image.run_in_root(root, argv)
+    rc, out = image_build.run_in_root(root, argv)
     assert rc == 0, f"{' '.join(argv)} exited {rc}:\n{out}"
     return out
 
 
 @pytest.mark.image
-@pytest.mark.parametrize("argv", image.CHECKS, ids=lambda a: " ".join(a)[:30])
+@pytest.mark.parametrize("argv", image_build.CHECKS, ids=lambda a: " ".join(a)[:30])
 def test_image_runs_its_binaries(rootfs: Path, argv: tuple[str, ...]) -> None:
     in_image(rootfs, *argv)
 
@@ -157,16 +157,16 @@ def test_component_names_dispatch_to_their_subcommand(rootfs: Path) -> None:
 
 
 @pytest.mark.image
-def test_image_config_and_record(built: image.ImageInfo) -> None:
+def test_image_config_and_record(built: image_build.ImageInfo) -> None:
     layout = Path(built.layout)
-    digest, manifest = image.manifest_of(layout, built.tag)
+    digest, manifest = image_oci.manifest_of(layout, built.tag)
     assert digest == built.digest
     assert json.loads((layout / "oci-layout").read_text())["imageLayoutVersion"] == "1.0.0"
     assert [layer["size"] for layer in manifest["layers"]] == built.layer_bytes
-    config = image.config_of(layout, built.tag)
+    config = image_oci.config_of(layout, built.tag)
     assert config["config"]["Entrypoint"] == [image.ENTRYPOINT]
     assert f"PATH={image.PATH}" in config["config"]["Env"]
-    assert config["os"] == "linux" and config["architecture"] == image.debian_arch()
+    assert config["os"] == "linux" and config["architecture"] == image_common.debian_arch()
     assert config["config"]["Labels"]["org.opencontainers.image.revision"] == built.revision
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(built.source_date_epoch))
     assert config["created"] == created  # SOURCE_DATE_EPOCH, not the build's time

@@ -21,15 +21,15 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools import gobuild, manifests
+from devtools import gobuild, manifests, manifests_render, manifests_variants
 from topolvm.cli import build_parser
 from topolvm.config.lvmd import DeviceClassType, load_lvmd_config
 
-ROOT = manifests.ROOT
+ROOT = manifests_variants.ROOT
 DEPLOY = ROOT / "deploy"
 UNIT = DEPLOY / "systemd" / "lvmd.service"
 LVMD_EXAMPLE = DEPLOY / "lvmd-config" / "lvmd.yaml"
-NS = manifests.NAMESPACE
+NS = manifests_variants.NAMESPACE
 MARKER = "components/marker"
 SYSTEMD_LVMD = "components/systemd-lvmd"
 
@@ -61,10 +61,10 @@ def build_with(tmp_path: Path, resource: str, components: tuple[str, ...]) -> tu
     """Build a user's kustomization: one of ours plus components (paths relative, as kustomize
     requires)."""
     if not components:
-        return build(manifests.MANIFESTS / resource)
+        return build(manifests_variants.MANIFESTS / resource)
     here = tmp_path / "user"
     here.mkdir()
-    rel = [os.path.relpath(manifests.MANIFESTS / p, here) for p in (resource, *components)]
+    rel = [os.path.relpath(manifests_variants.MANIFESTS / p, here) for p in (resource, *components)]
     doc = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
@@ -75,8 +75,8 @@ def build_with(tmp_path: Path, resource: str, components: tuple[str, ...]) -> tu
     return build(here)
 
 
-def by_key(docs: tuple[Obj, ...]) -> dict[manifests.Key, Obj]:
-    out = {manifests.key(d): d for d in docs}
+def by_key(docs: tuple[Obj, ...]) -> dict[manifests_render.Key, Obj]:
+    out = {manifests_render.key(d): d for d in docs}
     assert len(out) == len(docs), "an object appears twice"
     return out
 
@@ -108,20 +108,20 @@ def test_committed_files_equal_a_fresh_render() -> None:
 def test_check_names_a_stale_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--check's logic on a copy: an edited, a missing and an extra file are all named, and
     regenerating fixes them (README.md files are hand-written)."""
-    for attr in ("MANIFESTS", "SCHEDULER_CONFIG"):
-        copy = tmp_path / attr
-        shutil.copytree(getattr(manifests, attr), copy)
-        monkeypatch.setattr(manifests, attr, copy)
+    copies = {attr: tmp_path / attr for attr in ("MANIFESTS", "SCHEDULER_CONFIG")}
+    for attr, copy in copies.items():
+        shutil.copytree(getattr(manifests_variants, attr), copy)
+        monkeypatch.setattr(manifests, attr, copy)  # the globals generate() and write() read
     files = manifests.generate()
     assert manifests.stale(files) == []
-    edited = manifests.MANIFESTS / "base" / "node.yaml"
+    edited = copies["MANIFESTS"] / "base" / "node.yaml"
     edited.write_text(edited.read_text() + "# edited\n")
-    missing = manifests.SCHEDULER_CONFIG / "scheduler-config.yaml"
+    missing = copies["SCHEDULER_CONFIG"] / "scheduler-config.yaml"
     missing.unlink()
-    extra = manifests.MANIFESTS / "overlays" / "old" / "kustomization.yaml"
+    extra = copies["MANIFESTS"] / "overlays" / "old" / "kustomization.yaml"
     extra.parent.mkdir()
     extra.write_text("{}\n")
-    (manifests.MANIFESTS / "overlays" / "README.md").write_text("hand-written\n")
+    (copies["MANIFESTS"] / "overlays" / "README.md").write_text("hand-written\n")
     assert manifests.stale(files) == sorted([edited, missing, extra])
     assert manifests.write(files) == sorted([edited, missing, extra])
     assert manifests.stale(files) == []
@@ -129,15 +129,15 @@ def test_check_names_a_stale_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 def test_the_chart_renders_deterministically(tmp_path: Path) -> None:
-    manifests.check_deterministic()
+    manifests_render.check_deterministic()
     chart = tmp_path / "chart"
-    shutil.copytree(manifests.CHART, chart)
+    shutil.copytree(manifests_variants.CHART, chart)
     (chart / "templates" / "secret.yaml").write_text(
         "{{/* randAlphaNum in a comment is fine */}}\n"
         "data:\n  password: {{ randAlphaNum 16 | b64enc }}\n"
     )
-    with pytest.raises(manifests.ManifestError, match=r"secret\.yaml: randAlphaNum"):
-        manifests.check_deterministic(chart)
+    with pytest.raises(manifests_render.ManifestError, match=r"secret\.yaml: randAlphaNum"):
+        manifests_render.check_deterministic(chart)
 
 
 def test_generated_files_carry_the_do_not_edit_header() -> None:
@@ -149,14 +149,14 @@ def test_generated_files_carry_the_do_not_edit_header() -> None:
 
 
 COMBINATIONS = [
-    (manifests.BASE, ()),
-    (manifests.DAEMONSET, ()),
-    (manifests.DEPLOYMENT, ()),
-    (manifests.BASE, (SYSTEMD_LVMD,)),
-    (manifests.DAEMONSET, (MARKER,)),
-    (manifests.DEPLOYMENT, (MARKER,)),
-    (manifests.DAEMONSET, (SYSTEMD_LVMD,)),
-    (manifests.DEPLOYMENT, (MARKER, SYSTEMD_LVMD)),
+    (manifests_variants.BASE, ()),
+    (manifests_variants.DAEMONSET, ()),
+    (manifests_variants.DEPLOYMENT, ()),
+    (manifests_variants.BASE, (SYSTEMD_LVMD,)),
+    (manifests_variants.DAEMONSET, (MARKER,)),
+    (manifests_variants.DEPLOYMENT, (MARKER,)),
+    (manifests_variants.DAEMONSET, (SYSTEMD_LVMD,)),
+    (manifests_variants.DEPLOYMENT, (MARKER, SYSTEMD_LVMD)),
 ]
 
 
@@ -166,17 +166,17 @@ COMBINATIONS = [
 def test_kustomize_builds_exactly_the_chart(
     resource: str, components: tuple[str, ...], tmp_path: Path
 ) -> None:
-    sets = manifests.full_sets(resource)
-    sets += tuple(s for c in components for s in manifests.BY_NAME[c].sets)
+    sets = manifests_variants.full_sets(resource)
+    sets += tuple(s for c in components for s in manifests_variants.BY_NAME[c].sets)
     built = by_key(build_with(tmp_path, resource, components))
-    want = manifests.objects(sets)
+    want = manifests_render.objects(sets)
     assert sorted(built) == sorted(want)
     for k, obj in want.items():
         assert built[k] == obj, k
 
 
 def test_every_variant_is_in_the_combinations() -> None:
-    for v in manifests.VARIANTS:
+    for v in manifests_variants.VARIANTS:
         if v.component:
             for parent in v.parents:
                 assert any(r == parent and v.name in cs for r, cs in COMBINATIONS), (v, parent)
@@ -185,7 +185,7 @@ def test_every_variant_is_in_the_combinations() -> None:
 
 
 def test_base_is_storage_capacity_tracking_with_lvmd_daemonset() -> None:
-    docs = build(manifests.MANIFESTS / manifests.BASE)
+    docs = build(manifests_variants.MANIFESTS / manifests_variants.BASE)
     have = kinds(docs)
     assert {
         ("Namespace", NS),
@@ -204,16 +204,16 @@ def test_base_is_storage_capacity_tracking_with_lvmd_daemonset() -> None:
     assert "--enable-capacity" in provisioner
     for d in docs:
         labels = d["metadata"].get("labels", {})
-        assert not set(labels) & set(manifests.HELM_LABELS), d["metadata"]["name"]
+        assert not set(labels) & set(manifests_render.HELM_LABELS), d["metadata"]["name"]
         if d["kind"] not in ("Namespace", "CustomResourceDefinition", "CSIDriver"):
             assert labels.get("app.kubernetes.io/name") == "topolvm", d["metadata"]["name"]
         if "namespace" in d["metadata"]:
             assert d["metadata"]["namespace"] == NS
 
 
-@pytest.mark.parametrize("overlay", manifests.OVERLAYS)
+@pytest.mark.parametrize("overlay", manifests_variants.OVERLAYS)
 def test_scheduler_overlays_run_the_extender_mode(overlay: str) -> None:
-    docs = build(manifests.MANIFESTS / overlay)
+    docs = build(manifests_variants.MANIFESTS / overlay)
     kind = "DaemonSet" if "daemonset" in overlay else "Deployment"
     other = "Deployment" if kind == "DaemonSet" else "DaemonSet"
     scheduler = find(docs, kind, "topolvm-scheduler")
@@ -239,7 +239,7 @@ def test_scheduler_overlays_run_the_extender_mode(overlay: str) -> None:
     assert ("DaemonSet", "topolvm-lvmd-0") in kinds(docs)
 
 
-@pytest.mark.parametrize("overlay", manifests.OVERLAYS)
+@pytest.mark.parametrize("overlay", manifests_variants.OVERLAYS)
 def test_components_marker_and_systemd_lvmd(overlay: str, tmp_path: Path) -> None:
     docs = build_with(tmp_path, overlay, (MARKER, SYSTEMD_LVMD))
     kind = "DaemonSet" if "daemonset" in overlay else "Deployment"
@@ -255,8 +255,8 @@ def test_components_marker_and_systemd_lvmd(overlay: str, tmp_path: Path) -> Non
 def test_every_topolvm_command_line_parses() -> None:
     parser = build_parser()
     seen = 0
-    for overlay in (manifests.BASE, *manifests.OVERLAYS):
-        for d in build(manifests.MANIFESTS / overlay):
+    for overlay in (manifests_variants.BASE, *manifests_variants.OVERLAYS):
+        for d in build(manifests_variants.MANIFESTS / overlay):
             if d["kind"] not in ("DaemonSet", "Deployment"):
                 continue
             for c in d["spec"]["template"]["spec"]["containers"]:
@@ -268,7 +268,7 @@ def test_every_topolvm_command_line_parses() -> None:
 
 
 def test_the_lvmd_configmap_loads(tmp_path: Path) -> None:
-    docs = build(manifests.MANIFESTS / manifests.BASE)
+    docs = build(manifests_variants.MANIFESTS / manifests_variants.BASE)
     path = tmp_path / "lvmd.yaml"
     path.write_text(find(docs, "ConfigMap", "topolvm-lvmd-0")["data"]["lvmd.yaml"])
     assert load_lvmd_config(path).device_classes[0].volume_group == "myvg1"
@@ -356,7 +356,7 @@ def scheduler_config(name: str) -> Obj:
     ],
 )
 def test_scheduler_configs_name_the_extender(name: str, resource: str | None) -> None:
-    assert set(manifests.SCHEDULER_CONFIGS) >= {name}
+    assert set(manifests_variants.SCHEDULER_CONFIGS) >= {name}
     doc = scheduler_config(name)
     assert doc["apiVersion"] == "kubescheduler.config.k8s.io/v1"
     assert doc["kind"] == "KubeSchedulerConfiguration"
@@ -371,7 +371,7 @@ def test_scheduler_configs_name_the_extender(name: str, resource: str | None) ->
 
 
 def test_scheduler_config_url_is_where_the_daemonset_listens() -> None:
-    docs = build(manifests.MANIFESTS / manifests.DAEMONSET)
+    docs = build(manifests_variants.MANIFESTS / manifests_variants.DAEMONSET)
     options = yaml.safe_load(
         find(docs, "ConfigMap", "topolvm-scheduler-options")["data"]["scheduler-options.yaml"]
     )
@@ -381,7 +381,7 @@ def test_scheduler_config_url_is_where_the_daemonset_listens() -> None:
     assert url == f"http://127.0.0.1:{port}"
 
 
-@pytest.mark.parametrize("name", sorted(manifests.SCHEDULER_CONFIGS))
+@pytest.mark.parametrize("name", sorted(manifests_variants.SCHEDULER_CONFIGS))
 def test_kube_scheduler_accepts_the_config(name: str, tmp_path: Path) -> None:
     """kube-scheduler decodes it strictly, defaults and validates it, and writes it back out."""
     kubeconfig = tmp_path / "kubeconfig"

@@ -30,6 +30,15 @@ def csidriver(plugin: str, storage_capacity: bool = True) -> dict[str, object]:
     }  # fmt: skip
 
 
+def apply_snapshot_crds(cp: ControlPlane, bins: dict[str, Path]) -> None:
+    for f in sorted(bins["snapshot-crds"].glob("snapshot.storage.k8s.io_*.yaml")):
+        cp.kubectl("apply", "--server-side", "-f", str(f))
+
+
+def snapshot_controller_argv(cp: ControlPlane, bins: dict[str, Path]) -> list[str]:
+    return [str(bins["snapshot-controller"]), f"--kubeconfig={cp.kubeconfig}"]
+
+
 @dataclass
 class DriverStack:
     cp: ControlPlane
@@ -56,16 +65,18 @@ class DriverStack:
         self.children[name] = child
         return child
 
-    def start(self) -> DriverStack:
+    def start(self, sidecars: bool = True) -> DriverStack:
+        """The CSIDriver, the namespace and ``topolvm controller``; with ``sidecars`` also the
+        VolumeSnapshot CRDs, the CSI sidecars and snapshot-controller."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        crds = self.bins["snapshot-crds"]
-        for f in sorted(crds.glob("snapshot.storage.k8s.io_*.yaml")):
-            self.cp.kubectl("apply", "--server-side", "-f", str(f))
+        if sidecars:
+            apply_snapshot_crds(self.cp, self.bins)
         self.cp.apply(csidriver(self.plugin))
         self.cp.kubectl("create", "namespace", NAMESPACE, check=False)
         try:
             self.start_controller()
-            self._start_sidecars()
+            if sidecars:
+                self._start_sidecars()
         except BaseException:
             self.stop()
             raise
@@ -133,9 +144,7 @@ class DriverStack:
         self._child("csi-resizer", [str(self.bins["csi-resizer"]), *common, "--timeout=60s"])
         self._child("csi-snapshotter",
                     [str(self.bins["csi-snapshotter"]), *common, "--timeout=60s"])  # fmt: skip
-        self._child("snapshot-controller",
-                    [str(self.bins["snapshot-controller"]),
-                     f"--kubeconfig={self.cp.kubeconfig}"])  # fmt: skip
+        self._child("snapshot-controller", snapshot_controller_argv(self.cp, self.bins))
 
     def log(self, name: str) -> Path:
         return self.workdir / "logs" / f"{name}.log"

@@ -1,5 +1,6 @@
 """Child processes of the test bed: started with a log file, stopped for sure, their log tails
-shown when they fail; and the private network namespace every test packet stays in."""
+shown when they fail; the private network namespace every test packet stays in; and, for a
+program that must leave nothing behind (``make demo``), reaping every descendant at its end."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -143,3 +145,35 @@ def enter_private_netns() -> None:
         err = ctypes.get_errno()
         raise HarnessError(f"unshare(CLONE_NEWNET) failed: {os.strerror(err)} (run as root)")
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+
+
+def become_subreaper() -> None:
+    """Orphaned descendants are re-parented to this process, not to PID 1: a UML kernel still
+    exiting after its ``unshare`` parent was killed, say. :func:`reap_leftovers` waits for them."""
+    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def reap_leftovers(timeout: float = 30) -> list[str]:
+    """Kill and reap every child still there (call it when all is stopped), so that nothing
+    outlives the caller (``make demo``); returns the names of those that were still running."""
+    me, running = os.getpid(), []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        kids = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                comm, rest = stat.read_text().rsplit(")", 1)
+                fields = rest.split()
+                if int(fields[1]) == me:
+                    kids.append((int(stat.parent.name), comm.split("(", 1)[1], fields[0]))
+        if not kids:
+            break
+        for pid, comm, state in kids:
+            if state != "Z":
+                running.append(comm)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.1)
+    return running
