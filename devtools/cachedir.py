@@ -1,6 +1,5 @@
-"""Where the dev tools keep what they download or build: outside the work tree, so every clone on
-this machine (CI clones afresh) shares it. (devtools/image.py computes the same path itself: the
-Dockerfile runs that file alone.)"""
+"""Where the dev tools (and the fuzz tests' hypothesis cache) keep what they download or build:
+outside the work tree, so every clone on this machine (CI clones afresh) shares it."""
 
 from __future__ import annotations
 
