@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import socket
+import ssl
 from collections.abc import Callable
 from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
 
 
 def free_port() -> int:
@@ -44,3 +48,18 @@ async def eventually(
             extra = details()
             raise AssertionError(f"timed out waiting for {what}" + (f"; {extra}" if extra else ""))
         await asyncio.sleep(interval)
+
+
+def der(pem: bytes) -> bytes:
+    """A PEM certificate in DER form."""
+    return x509.load_pem_x509_certificate(pem).public_bytes(Encoding.DER)
+
+
+async def served_cert(port: int, ca: bytes) -> bytes:
+    """The DER certificate a TLS server on 127.0.0.1 presents, verified against ``ca``."""
+    tls = ssl.create_default_context(cadata=ca.decode())
+    _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=tls)
+    cert: bytes = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+    writer.close()
+    await writer.wait_closed()
+    return cert

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,3 +130,10 @@ async def lvmd_factory(tmp_path: Path) -> AsyncIterator[Any]:
 def write_config(path: Path, raw: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(raw))
     return path
+
+
+async def code_of(call: Awaitable[Any]) -> tuple[grpc.StatusCode, str]:
+    """The status code and details of a gRPC call that must fail."""
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await call
+    return e.value.code(), e.value.details() or ""

@@ -24,10 +24,10 @@ from lightkube.resources.core_v1 import PersistentVolumeClaim, Pod
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import DriverStack
 from tests.cluster_fixtures import GROUP_LABEL, NodeSet, node_annotations, short_name
+from tests.cluster_webhook_helpers import served_by_api_server, webhook
 from tests.doctor_helpers import doctor, run
 from tests.helpers import eventually
 from tests.lvm_fixtures import THICK_DC
-from tests.test_cluster_webhook import served_by_api_server, webhook
 from topolvm.k8s import api
 
 pytestmark = pytest.mark.cluster
