@@ -327,12 +327,11 @@ class DemoBed(Testbed):
 
     def start_cluster(self) -> None:
         shutil.rmtree(self.workdir, ignore_errors=True)
-        cp = self.start_control_plane()
+        # A fresh cluster has no LogicalVolume CRDs: the chart installs them. (Deleting the test
+        # bed's right after it applied them could hang in the API server's CRD finalizer.)
+        cp = self.start_control_plane(crds=False)
         say(f"  control plane up in {cp.started_in:.1f}s: etcd, kube-apiserver, "
             f"kube-controller-manager, kube-scheduler (logs in {cp.workdir / 'logs'})")  # fmt: skip
-        # The test bed pre-applies the LogicalVolume CRDs; a fresh cluster has none: the chart
-        # installs them.
-        cp.kubectl("delete", "crd", *LV_CRDS, "--ignore-not-found")
         self.start_snapshot_controller()
         say("  cluster add-ons, as on any cluster with snapshots: VolumeSnapshot CRDs, "
             "snapshot-controller")  # fmt: skip

@@ -4,22 +4,22 @@ annotations, and the names and tags that reach LVM's command line. The property 
 same: a clear, typed error or a well-formed answer; never another exception, never a value
 that could be read as an option.
 
-Each test runs ``EXAMPLES`` seeded cases (derandomized: the same cases on every run, so CI is
-repeatable); raise ``TOPOLVM_FUZZ_EXAMPLES`` for a longer campaign."""
+Each test runs 300 seeded cases (derandomized: the same cases on every run, so CI is
+repeatable); set ``TOPOLVM_FUZZ_EXAMPLES`` for a longer campaign. lvmd's gRPC requests are
+fuzzed against real LVM in tests/test_lvmd_fuzz.py."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 from typing import Any
 
 import msgspec
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
-from hypothesis.configuration import set_hypothesis_home_dir
 
-from devtools.cachedir import cache_dir
+from tests.fuzz_helpers import fuzz as fuzz_settings
+from tests.fuzz_helpers import json_values
 from topolvm import capacity_annotations as cap
 from topolvm.constants import NORMAL
 from topolvm.controller.podmutate import decide
@@ -30,26 +30,8 @@ from topolvm.lvm.errors import InvalidInput
 from topolvm.scheduler.extender import BadRequest
 from topolvm.scheduler.verbs import Extender
 
-EXAMPLES = int(os.environ.get("TOPOLVM_FUZZ_EXAMPLES", "300"))
-# Hypothesis keeps a cache of the constants it finds in the code; not in the work tree.
-set_hypothesis_home_dir(cache_dir("hypothesis"))
-fuzz = settings(
-    max_examples=EXAMPLES,
-    derandomize=True,  # seeded: the same cases every run
-    database=None,  # nothing written into the work tree
-    deadline=None,  # a loaded CI machine must not turn slowness into failures
-    suppress_health_check=[HealthCheck.too_slow],
-)
+fuzz = fuzz_settings(300)
 
-# JSON values of any shape, and ones shaped like what each input usually holds.
-scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
-json_values = st.recursive(
-    scalars,
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
-    ),
-    max_leaves=20,
-)
 quantity_text = st.from_regex(
     r"[+-]?([0-9]{1,25}(\.[0-9]{0,5})?|\.[0-9]{1,5})([eE][+-]?[0-9]{1,9}|Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?",
     fullmatch=True,

@@ -28,6 +28,7 @@ UML_TIMEOUT = 1500.0
 # No new result line for this long means the guest stopped making progress (the slowest test
 # phase takes well under a minute; the conftest hang report fires after 180 s).
 STALL_SECONDS = float(os.environ.get("TOPOLVM_UML_STALL_SECONDS", "240"))
+GUEST_SETTINGS = ("TOPOLVM_FUZZ_EXAMPLES", "TOPOLVM_HANG_SECONDS")
 _results_key = pytest.StashKey[dict[str, list[dict[str, Any]]]]()
 _error_key = pytest.StashKey[str]()
 
@@ -137,9 +138,11 @@ def _boot(session: pytest.Session, nodeids: list[str], results_file: str) -> obj
             progress.update(size=size, at=now)
         return now - progress["at"] > STALL_SECONDS
 
+    # The guest gets a clean environment; these settings of the host's run go in with it.
+    passed_on = {k: v for k, v in os.environ.items() if k in GUEST_SETTINGS}
     try:
         res = uml.run(
-            command, env={RESULTS_ENV: results_file}, cwd=REPO, capture=True,
+            command, env={RESULTS_ENV: results_file, **passed_on}, cwd=REPO, capture=True,
             timeout=UML_TIMEOUT, stalled=stalled,
         )  # fmt: skip
     except uml.UmlError as e:

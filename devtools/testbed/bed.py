@@ -69,10 +69,11 @@ class Testbed:
 
     # --- start --------------------------------------------------------------------------
 
-    def start_control_plane(self, folder: Path | None = None) -> ControlPlane:
-        """etcd, kube-apiserver, kube-controller-manager, kube-scheduler and the LogicalVolume
-        CRDs (devtools/testbed/controlplane.py), in ``folder`` (``workdir/controlplane``)."""
-        self.cp = ControlPlane(folder or self.workdir / "controlplane", self.bins).start()
+    def start_control_plane(self, folder: Path | None = None, crds: bool = True) -> ControlPlane:
+        """etcd, kube-apiserver, kube-controller-manager, kube-scheduler and (with ``crds``) the
+        LogicalVolume CRDs (devtools/testbed/controlplane.py), in ``folder``
+        (``workdir/controlplane``)."""
+        self.cp = ControlPlane(folder or self.workdir / "controlplane", self.bins).start(crds)
         self.defer("control plane", self._stop_control_plane)
         return self.cp
 

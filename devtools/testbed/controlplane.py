@@ -80,7 +80,8 @@ class ControlPlane:
 
     # --- start / stop -------------------------------------------------------------------
 
-    def start(self) -> ControlPlane:
+    def start(self, crds: bool = True) -> ControlPlane:
+        """Start every component; with ``crds``, apply the LogicalVolume CRDs too."""
         t0 = time.monotonic()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.pki = Pki(self.workdir / "pki")
@@ -100,7 +101,8 @@ class ControlPlane:
             self._start_apiserver()
             self._start_controller_manager()
             self.start_scheduler("default-scheduler")
-            self.kubectl("apply", "--server-side", "-f", str(CRDS))
+            if crds:
+                self.kubectl("apply", "--server-side", "-f", str(CRDS))
         except BaseException:
             self.stop()
             raise
