@@ -125,3 +125,65 @@ def test_run_turns_expected_errors_into_exit_status_1(caplog: pytest.LogCaptureF
 
     with pytest.raises(KeyError):  # a bug is not an expected failure: it keeps its traceback
         daemon.run("lvmd", unexpected())
+
+
+async def test_a_step_with_its_own_timeout_gets_all_of_it(caplog: pytest.LogCaptureFixture) -> None:
+    """lvmd gives in-flight calls 60 s at shutdown: the gRPC stop must not be cut at the
+    default bound of a step."""
+    parts = Parts("toy")
+    done: list[str] = []
+
+    async def graceful() -> None:
+        await asyncio.sleep(0.3)
+        done.append("graceful")
+
+    parts.on_stop("gRPC server", graceful, timeout=5)
+    with caplog.at_level(logging.ERROR):
+        await parts.stop(step_timeout=0.05)
+    assert done == ["graceful"]
+    assert "did not stop" not in caplog.text
+
+
+async def test_a_failing_stop_step_is_logged_and_the_rest_still_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    parts = Parts("toy")
+    ran: list[str] = []
+
+    async def first() -> None:
+        ran.append("first")
+
+    async def broken() -> None:
+        raise OSError("socket already gone")
+
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    parts.on_stop("first", first)
+    parts.on_stop("broken", broken)
+    task = parts.spawn(forever(), "worker")
+    with caplog.at_level(logging.ERROR):
+        await parts.stop()
+    assert ran == ["first"] and task.cancelled()
+    assert "toy: stopping broken failed; going on" in caplog.text
+
+
+async def test_a_part_failing_only_while_stopped_keeps_exit_status_0() -> None:
+    class Messy(Toy):
+        async def start(self) -> None:
+            await super().start()
+
+            async def untidy() -> None:
+                try:
+                    await asyncio.Event().wait()
+                except asyncio.CancelledError:
+                    raise RuntimeError("cleanup went wrong") from None
+
+            self.parts.spawn(untidy(), "untidy")
+
+    toy = Messy()
+    served = asyncio.create_task(daemon.serve(toy))
+    await asyncio.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGTERM)
+    await asyncio.wait_for(served, 5)  # no StartupError: the stop was asked for
+    assert toy.events == ["stop second", "stop first", "stopped"]

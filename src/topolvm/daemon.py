@@ -41,7 +41,7 @@ class Parts:
     def __init__(self, daemon: str):
         self.daemon = daemon
         self._tasks: list[asyncio.Task[None]] = []
-        self._stops: list[tuple[str, Stop]] = []
+        self._stops: list[tuple[str, Stop, float | None]] = []
         self._failed: asyncio.Future[BaseException] | None = None
 
     @property
@@ -68,18 +68,23 @@ class Parts:
         self._tasks.append(task)
         return task
 
-    def on_stop(self, what: str, stop: Stop) -> None:
-        """Run ``stop`` at shutdown, before the steps added earlier."""
-        self._stops.append((what, stop))
+    def on_stop(self, what: str, stop: Stop, timeout: float | None = None) -> None:
+        """Run ``stop`` at shutdown, before the steps added earlier, for at most ``timeout``
+        seconds (None: the ``step_timeout`` of :meth:`stop`)."""
+        self._stops.append((what, stop, timeout))
 
     async def stop(
         self, step_timeout: float = STEP_TIMEOUT, task_timeout: float = TASK_STOP_TIMEOUT
     ) -> None:
-        """The stop steps (last added first, each given ``step_timeout`` seconds), then cancel
-        the tasks still running (given ``task_timeout`` seconds to end)."""
+        """The stop steps (last added first, each given its timeout or ``step_timeout``
+        seconds; one that fails is logged and the others still run), then cancel the tasks
+        still running (given ``task_timeout`` seconds to end)."""
         steps, self._stops = self._stops, []
-        for what, stop in reversed(steps):
-            await bounded(what, stop(), step_timeout)
+        for what, stop, timeout in reversed(steps):
+            try:
+                await bounded(what, stop(), step_timeout if timeout is None else timeout)
+            except Exception:
+                log.exception(f"{self.daemon}: stopping {what} failed; going on")
         tasks, self._tasks = [t for t in self._tasks if not t.done()], []
         for task in tasks:
             task.cancel()
@@ -103,7 +108,8 @@ async def serve_grpc(
         server = await start_unix_server(path, register, mode=mode)
     except SocketError as e:
         raise StartupError(str(e)) from e
-    parts.on_stop("gRPC server", lambda: stop_unix_server(server, path, grace))
+    # in-flight calls get their whole grace; the step's bound only catches a stop that hangs
+    parts.on_stop("gRPC server", lambda: stop_unix_server(server, path, grace), grace + 5)
     return server
 
 
@@ -158,10 +164,12 @@ async def serve(daemon: Daemon) -> None:
     either: list[asyncio.Future[Any]] = [terminated, failed]
     await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
     terminated.cancel()
+    # A part that fails only while being stopped is logged; the stop was asked for, so the exit
+    # status stays 0.
+    error = failed.result() if failed.done() else None
     log.info(f"{daemon.parts.daemon}: shutting down")
     await daemon.stop()
-    if failed.done():
-        error = failed.result()
+    if error is not None:
         raise StartupError(f"a part of {daemon.parts.daemon} failed: {error}") from error
 
 

@@ -143,14 +143,16 @@ class TopolvmController:
             csi_grpc.add_IdentityServicer_to_server(identity, server)
             csi_grpc.add_ControllerServicer_to_server(service, server)
 
-        await serve_grpc(self.parts, self.options.csi_socket, register)
-        self._serving = True
-        self.parts.on_stop("readiness", self._not_serving)
+        # Listeners in this order so that stop (last first) runs: readiness false, the CSI
+        # server, the webhook, metrics, then health (kubelet's probes answer until the end).
         if self.options.health_address is not None:
             await serve_http(self.parts, self._health_app(), self.options.health_address, "health")
         await serve_metrics(self.parts, self.registry, self.options.metrics_address)
         if self.options.webhook_address is not None:  # every replica serves the pod webhook
             await start_webhook(self.parts, self.options, self.client, self.names, self.metrics)
+        await serve_grpc(self.parts, self.options.csi_socket, register)
+        self._serving = True
+        self.parts.on_stop("readiness", self._not_serving)
         self.parts.spawn(self._lead(), "leader-election")
         log.info(
             "topolvm-controller started",

@@ -117,8 +117,8 @@ class TopolvmNode:
             csi_grpc.add_IdentityServicer_to_server(identity, server)
             csi_grpc.add_NodeServicer_to_server(node_service, server)
 
-        await serve_grpc(self.parts, self.options.csi_socket, register)
         await serve_metrics(self.parts, self.registry, self.options.metrics_address)
+        await serve_grpc(self.parts, self.options.csi_socket, register)  # the first to stop
         log.info(
             "topolvm-node started",
             extra={

@@ -226,14 +226,19 @@ def stream_rpc(service: str, translate: Translate | None = None) -> Callable[[S]
             self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]
         ) -> AsyncIterator[Any]:
             call = _Call(self, service, method, {"rpc": method})
+            stream = fn(self, request, context)
             try:
-                async for item in fn(self, request, context):
+                async for item in stream:
                     yield item
             except (asyncio.CancelledError, GeneratorExit):
                 call.cancelled()
                 raise
             except Exception as e:
                 await call.fail(e, translate, context)
+            finally:  # the method's own clean-up runs now, not when the generator is collected
+                close = getattr(stream, "aclose", None)
+                if close is not None:
+                    await close()
             call.ok()
 
         return cast(S, wrapper)
