@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from tests.fuzz_helpers import fuzz as fuzz_settings
 from tests.fuzz_helpers import json_values
+from tests.podmutate_helpers import Reader
 from topolvm import capacity_annotations as cap
 from topolvm.constants import NORMAL
 from topolvm.controller.podmutate import decide
@@ -150,19 +151,6 @@ def test_the_extender_answers_any_body_with_json_or_a_bad_request(body: bytes) -
         msgspec.json.decode(reply)  # a well-formed answer
 
 
-class Reader:
-    """PVCs and StorageClasses as the API server would return them (anything)."""
-
-    def __init__(self, objects: dict[str, Any]) -> None:
-        self.objects = objects
-
-    async def get_pvc(self, namespace: str, name: str) -> Any:
-        return self.objects.get(f"pvc/{name}")
-
-    async def get_storageclass(self, name: str) -> Any:
-        return self.objects.get(f"sc/{name}")
-
-
 volume = st.one_of(
     st.fixed_dictionaries({"name": st.text(max_size=5), "persistentVolumeClaim":
                            st.fixed_dictionaries({"claimName": st.sampled_from(["a", "b", ""])})}),
@@ -185,24 +173,31 @@ pods = st.one_of(
 )  # fmt: skip
 json_objects = st.dictionaries(st.text(max_size=8), json_values, max_size=4)
 # What the API server returns is always an object; its fields can be anything it let through.
-storage_objects = st.fixed_dictionaries(
+claims = st.fixed_dictionaries(
     {},
     optional={
-        "pvc/a": st.fixed_dictionaries({"spec": st.fixed_dictionaries(
+        "ns/a": st.fixed_dictionaries({"spec": st.fixed_dictionaries(
             {"storageClassName": st.sampled_from(["ssd", "x", ""]) | json_values,
              "resources": json_values})}) | json_objects,
-        "sc/ssd": st.fixed_dictionaries({"provisioner": st.just("topolvm.io"),
-                                         "parameters": json_values}) | json_objects,
+    },
+)  # fmt: skip
+classes = st.fixed_dictionaries(
+    {},
+    optional={
+        "ssd": st.fixed_dictionaries({"provisioner": st.just("topolvm.io"),
+                                      "parameters": json_values}) | json_objects,
     },
 )  # fmt: skip
 
 
 @fuzz
-@given(pods, storage_objects, st.booleans())
+@given(pods, claims, classes, st.booleans())
 def test_the_pod_webhook_decides_on_any_pod(
-    pod: Any, objects: dict[str, Any], marker: bool
+    pod: Any, pvcs: dict[str, Any], storage_classes: dict[str, Any], marker: bool
 ) -> None:
-    decision = asyncio.run(decide(pod, "ns", Reader(objects), NORMAL, marker=marker))
+    reader = Reader(pvcs)
+    reader.classes = storage_classes  # these, not the helper's well-formed ones
+    decision = asyncio.run(decide(pod, "ns", reader, NORMAL, marker=marker))
     assert decision.kind in ("mutated", "allowed", "denied", "errored")
     assert isinstance(decision.message, str)
     if decision.kind == "errored":

@@ -14,12 +14,12 @@ an idle node costs one LVM report per interval.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
 from topolvm.lvm.command import LvmRunner
 from topolvm.lvm.report import FULLREPORT_ARGS, LvRecord, Report, parse_report
+from topolvm.process import stopped_within
 
 log = logging.getLogger(__name__)
 
@@ -189,11 +189,7 @@ class LvmState:
     ) -> None:
         """Refresh every ``refresh_interval``; notify watchers at least every ``watch_interval``."""
         last_notify = time.monotonic()
-        while not self.closing.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.closing.wait(), refresh_interval)
-            if self.closing.is_set():
-                return
+        while not await stopped_within(self.closing, refresh_interval):
             try:
                 await self.refresh()
             except Exception:
