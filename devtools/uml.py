@@ -85,6 +85,15 @@ def _sweep_stale(folder: Path, prefix: str) -> None:
             shutil.rmtree(entry, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def disk_folder() -> Iterator[Path]:
+    """A folder for disk images that outlive one boot (see :func:`running`), in memory when
+    /dev/shm exists; removed on exit, or by the next run if this process is killed."""
+    fast = Path("/dev/shm") if os.path.isdir("/dev/shm") else Path(tempfile.gettempdir())
+    with tempfile.TemporaryDirectory(prefix=f"{FAST_PREFIX}{os.getpid()}-", dir=fast) as tmp:
+        yield Path(tmp)
+
+
 class UmlError(RuntimeError):
     """UML could not be booted or did not report an exit status."""
 
@@ -189,8 +198,10 @@ def _prepared(
     capture: bool,
     workdir: str | os.PathLike[str] | None,
     network: Network | None = None,
+    images: Path | None = None,
 ) -> Iterator[_Boot]:
-    """Disk images, init script and kernel arguments; everything is removed on exit."""
+    """Disk images, init script and kernel arguments; everything is removed on exit, but
+    the disk images in ``images`` (made there if missing, else reused as they are)."""
     try:
         kernel = umlkernel.kernel()
     except BuildError as exc:
@@ -226,9 +237,10 @@ def _prepared(
             "loglevel=1",
         ]
         for i, size in enumerate(disks):
-            img = Path(fast_tmp) / f"disk{i}.img"
-            with img.open("wb") as f:
-                f.truncate(size)
+            img = (images or Path(fast_tmp)) / f"disk{i}.img"
+            if not img.exists():
+                with img.open("wb") as f:
+                    f.truncate(size)
             args.append(f"ubd{DISK_LETTERS[i]}={img}")
         (base / "lvm.conf").write_text(LVM_CONF)
         guest_env = {
@@ -356,12 +368,15 @@ def running(
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
     network: Network | None = None,
+    images: Path | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Boot UML running ``command`` in the background (kernel and command output go to
-    ``console``); on exit the guest is killed and its disks and memory file are removed."""
+    ``console``); on exit the guest is killed and its memory file is removed, and its disks
+    unless they live in ``images`` (the caller's folder: a guest booted again on them finds
+    what the last one left, as after a power loss)."""
     with _prepared(
         command, disks=disks, mem_mb=mem_mb, env=env, cwd=cwd, capture=False,
-        workdir=None, network=network,
+        workdir=None, network=network, images=images,
     ) as boot:  # fmt: skip
         with console.open("ab") as out:
             out.write(f"{BOOT_MARKER}{boot.kernel} ---\n".encode())

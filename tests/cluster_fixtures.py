@@ -35,6 +35,7 @@ from topolvm.k8s.api import make_client
 EXTENDER_PORTS = {"topolvm-extender": 9251, "topolvm-marker": 9252, "topolvm-nodecache": 9253}
 GROUP_LABEL = "topolvm.test/group"  # pods select their test's nodes with it
 _stats: dict[str, float] = {}
+_lines: list[str] = []
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -69,6 +70,11 @@ def record_stat(name: str, value: float) -> None:
     _stats[name] = value
 
 
+def record_line(text: str) -> None:
+    """A finished report (say, the chaos campaign's) for the end-of-session summary."""
+    _lines.append(text)
+
+
 def report_stats() -> str | None:
     if not _stats:
         return None
@@ -82,7 +88,7 @@ def report_stats() -> str | None:
             f"{_stats['doctor_scale_seconds']:.2f}s (whole process; its own reading "
             f"{_stats['doctor_scale_reported']:.2f}s)"
         )
-    return line
+    return "\n".join([line, *_lines])
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import yaml
 
 from devtools import uml
 from devtools.testbed.controlplane import API_PORT, ControlPlane, guest_address, host_address
-from devtools.testbed.process import HarnessError, http_get, tail
+from devtools.testbed.process import HarnessError, http_get, kill_group, tail
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT_PORT = 9000
@@ -54,6 +54,11 @@ class UmlNode:
     lvmd_options: dict[str, Any] = field(default_factory=dict)  # more lvmd config keys
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    _boot: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
+    _images: Path | None = field(default=None, repr=False)
+    # what spawn() started: name -> (argv, env); lvmd's sockets by daemon name
+    _spawned: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict, repr=False)
+    _sockets: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def tap(self) -> str:
@@ -78,40 +83,64 @@ class UmlNode:
     def start(self, timeout: float = 120) -> UmlNode:
         self.workdir.mkdir(parents=True, exist_ok=True)
         host = host_address(self.index)
-        agent = [
-            sys.executable, "-m", "devtools.testbed.agent", f"--listen={self.address}",
-            f"--port={AGENT_PORT}", f"--bridge={CSI_PORT}:{CSI_SOCKET}",
-        ]  # fmt: skip
         try:
             _ip("tuntap", "add", "dev", self.tap, "mode", "tap")
             self._stack.callback(_ip, "link", "del", self.tap, check=False)
             _ip("addr", "add", f"{host}/24", "dev", self.tap)
             _ip("link", "set", self.tap, "up")
-            self._proc = self._stack.enter_context(
-                uml.running(
-                    agent,
-                    console=self.console,
-                    disks=self.disks,
-                    mem_mb=self.mem_mb,
-                    cwd=REPO,
-                    network=uml.Network(self.tap, f"{self.address}/24", host),
-                    env={"TOPOLVM_NODE": self.name},
-                )
-            )
-            try:  # a panic or an exited UML is reported at once, not after the timeout
-                uml.wait_ready(self._proc, self.console, self._healthy, timeout)
-            except uml.UmlError as exc:
-                raise HarnessError(
-                    f"UML node {self.name}: agent not reachable: {exc}\nconsole "
-                    f"{self.console}:\n{tail(self.console)}"
-                ) from exc
+            self._images = self._stack.enter_context(uml.disk_folder())
+            self._stack.callback(self._boot.close)
+            self._power_on(timeout)
         except BaseException:
             self.stop()
             raise
         return self
 
+    def _power_on(self, timeout: float) -> None:
+        agent = [
+            sys.executable, "-m", "devtools.testbed.agent", f"--listen={self.address}",
+            f"--port={AGENT_PORT}", f"--bridge={CSI_PORT}:{CSI_SOCKET}",
+        ]  # fmt: skip
+        self._proc = self._boot.enter_context(
+            uml.running(
+                agent,
+                console=self.console,
+                disks=self.disks,
+                mem_mb=self.mem_mb,
+                cwd=REPO,
+                network=uml.Network(self.tap, f"{self.address}/24", host_address(self.index)),
+                env={"TOPOLVM_NODE": self.name},
+                images=self._images,
+            )
+        )
+        try:  # a panic or an exited UML is reported at once, not after the timeout
+            uml.wait_ready(self._proc, self.console, self._healthy, timeout)
+        except uml.UmlError as exc:
+            raise HarnessError(
+                f"UML node {self.name}: agent not reachable: {exc}\nconsole "
+                f"{self.console}:\n{tail(self.console)}"
+            ) from exc
+
+    def power_cycle(self, timeout: float = 120) -> None:
+        """A power loss and a boot: UML is SIGKILLed (what the guest had not written to its
+        disks is lost, its tmpfs /run with it), booted again on the same disks, its VGs'
+        LVs activated (what the distribution's boot does: LVM autoactivation), and the
+        daemons started by :meth:`spawn` started again in their order."""
+        if self._proc is not None:
+            kill_group(self._proc.pid)
+        self._boot.close()
+        self._proc = None
+        self._power_on(timeout)
+        self.lvm("vgchange", "-ay")
+        self.exec("mkdir", "-p", "/run/topolvm")  # the chart's hostPath, DirectoryOrCreate
+        for name, (argv, env) in list(self._spawned.items()):
+            self.spawn(name, argv, env)
+            if name in self._sockets:
+                self._wait_socket(name, self._sockets[name])
+
     def stop(self) -> None:
         self._stack.close()
+        self._boot.close()
         self._proc = None
 
     def _healthy(self) -> bool:
@@ -153,6 +182,15 @@ class UmlNode:
 
     def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         self._call("/spawn", {"name": name, "argv": argv, "env": env or {}})
+        self._spawned[name] = (argv, env or {})
+
+    def respawn(self, name: str) -> None:
+        """Start a daemon that :meth:`spawn` started before (after it exited or was killed)
+        with the same command; for lvmd, wait for its socket."""
+        argv, env = self._spawned[name]
+        self.spawn(name, argv, env)
+        if name in self._sockets:
+            self._wait_socket(name, self._sockets[name])
 
     def signal(self, name: str, sig: str = "SIGTERM", wait: float = 30) -> dict[str, Any]:
         res: dict[str, Any] = self._call("/signal", {"name": name, "signal": sig, "wait": wait})
@@ -218,12 +256,16 @@ class UmlNode:
              "--metrics-bind-address=:8081"],
         )  # fmt: skip
         socket = f"/run/topolvm/{name}-lvmd.sock"
+        self._sockets[name] = socket
+        self._wait_socket(name, socket)
+        return socket
+
+    def _wait_socket(self, name: str, socket: str) -> None:
         deadline = time.monotonic() + 60
         while self.exec("test", "-S", socket, check=False).rc != 0:
             if time.monotonic() > deadline or not self.daemon(name)["running"]:
                 raise HarnessError(f"{self.name}: lvmd did not start:\n{self.daemon(name)['log']}")
             time.sleep(0.3)
-        return socket
 
     def start_topolvm_node(
         self,

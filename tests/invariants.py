@@ -1,0 +1,179 @@
+"""What must hold after every chaos scenario, once the cluster has settled: pure rules over one
+observation of the cluster (objects from the API server, LVM's own report from each node).
+``violations(view)`` names each broken rule; [] means the driver lost nothing and left nothing.
+tests/chaos_helpers.py makes the observation; tests/test_unit_invariants.py checks each rule."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from topolvm.constants import NORMAL, Names
+from topolvm.k8s.lvobject import parse_quantity
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DeviceClass:
+    """A device class as the nodes' lvmd config has it."""
+
+    name: str
+    vg: str
+    spare: int
+    thin_pool: str | None = None
+    ratio: float = 1.0
+
+
+@dataclass(frozen=True)
+class Lv:
+    size: int
+    attr: str
+    pool: str = ""
+
+    @property
+    def is_thin_pool(self) -> bool:
+        return self.attr.startswith("t")
+
+
+@dataclass
+class NodeView:
+    """One node: its LVs and VG sizes as LVM reports them, and its Node's annotations."""
+
+    name: str
+    lvs: dict[str, dict[str, Lv]]  # VG -> LV name -> LV
+    vg_free: dict[str, int]  # VG -> free bytes
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ClusterView:
+    nodes: dict[str, NodeView]
+    classes: list[DeviceClass]
+    pvs: list[Obj]
+    logical_volumes: list[Obj]
+    capacities: list[Obj]  # CSIStorageCapacity objects
+    storage_classes: dict[str, str]  # StorageClass name -> device class, of this driver only
+    names: Names = NORMAL
+
+
+def pv_node(pv: Obj, names: Names = NORMAL) -> str | None:
+    """The node a PV of this driver is pinned to by its node affinity."""
+    terms = (((pv["spec"].get("nodeAffinity") or {}).get("required") or {})
+             .get("nodeSelectorTerms") or [])  # fmt: skip
+    for term in terms:
+        for expr in term.get("matchExpressions") or []:
+            if expr.get("key") == names.topology_key and expr.get("values"):
+                return str(expr["values"][0])
+    return None
+
+
+def expected_capacity(node: NodeView, dc: DeviceClass) -> int:
+    """What the node must advertise for ``dc``: VG free minus spare (thick), or the pool's
+    overprovisioned size minus what its thin volumes claim, minus spare (thin); never below 0."""
+    if dc.thin_pool is None:
+        return max(0, node.vg_free.get(dc.vg, 0) - dc.spare)
+    lvs = node.lvs.get(dc.vg, {})
+    pool = lvs.get(dc.thin_pool)
+    if pool is None:
+        return 0
+    used = sum(lv.size for lv in lvs.values() if lv.pool == dc.thin_pool)
+    return max(0, math.floor(dc.ratio * pool.size) - used - dc.spare)
+
+
+def _ours(pv: Obj, names: Names) -> bool:
+    return bool((pv["spec"].get("csi") or {}).get("driver") == names.plugin)
+
+
+def _pv_rules(view: ClusterView) -> list[str]:
+    out = []
+    handles = Counter(pv["spec"]["csi"]["volumeHandle"] for pv in view.pvs
+                      if _ours(pv, view.names))  # fmt: skip
+    out += [f"{n} PVs share volume {h}" for h, n in handles.items() if n > 1]
+    for pv in view.pvs:
+        if not _ours(pv, view.names) or (pv.get("status") or {}).get("phase") != "Bound":
+            continue
+        name, handle = pv["metadata"]["name"], pv["spec"]["csi"]["volumeHandle"]
+        node = pv_node(pv, view.names)
+        if node not in view.nodes:
+            continue
+        found = [(vg, lvs[handle]) for n in view.nodes.values() for vg, lvs in n.lvs.items()
+                 if handle in lvs]  # fmt: skip
+        here = [lv for vg, lv in found if handle in view.nodes[node].lvs.get(vg, {})]
+        if len(found) != 1 or not here:
+            out.append(f"Bound PV {name} has {len(found)} LVs named {handle} ({len(here)} on "
+                       f"its node {node}), not exactly one there")  # fmt: skip
+            continue
+        size = parse_quantity(pv["spec"]["capacity"]["storage"])
+        if here[0].size < size:
+            out.append(f"Bound PV {name}: LV {handle} on {node} has {here[0].size} bytes, "
+                       f"less than the PV's {size}")  # fmt: skip
+    return out
+
+
+def _lv_object_rules(view: ClusterView) -> list[str]:
+    out = []
+    mine = [o for o in view.logical_volumes if o["spec"].get("nodeName") in view.nodes]
+    names = Counter(o["spec"].get("name") for o in mine)
+    out += [f"{n} LogicalVolumes for volume {v}" for v, n in names.items() if n > 1]
+    by_id: dict[tuple[str, str], Obj] = {}
+    for o in mine:
+        name, node = o["metadata"]["name"], o["spec"]["nodeName"]
+        if o["metadata"].get("deletionTimestamp"):
+            out.append(f"LogicalVolume {name} still being deleted")
+        volume_id = (o.get("status") or {}).get("volumeID")
+        if not volume_id:
+            out.append(f"LogicalVolume {name} on {node} has no LV (status.volumeID unset)")
+            continue
+        by_id[(node, volume_id)] = o
+        if not any(volume_id in lvs for lvs in view.nodes[node].lvs.values()):
+            out.append(f"LogicalVolume {name}: its LV {volume_id} is not on {node}")
+    vgs = {dc.vg for dc in view.classes}
+    for node in view.nodes.values():
+        for vg, lvs in node.lvs.items():
+            for lv_name, lv in lvs.items():
+                if vg in vgs and not lv.is_thin_pool and (node.name, lv_name) not in by_id:
+                    out.append(f"LV {vg}/{lv_name} on {node.name} has no LogicalVolume")
+    return out
+
+
+def _capacity_rules(view: ClusterView) -> list[str]:
+    out = []
+    prefix = view.names.capacity_prefix
+    advertised: dict[tuple[str, str], int] = {}
+    for node in view.nodes.values():
+        for dc in view.classes:
+            raw = node.annotations.get(prefix + dc.name)
+            want = expected_capacity(node, dc)
+            if raw is None:
+                out.append(f"Node {node.name} has no {prefix}{dc.name} annotation")
+                continue
+            advertised[(node.name, dc.name)] = int(raw)
+            if int(raw) != want:
+                out.append(f"Node {node.name} advertises {raw} bytes for {dc.name}; LVM says "
+                           f"{want} (free minus spare)")  # fmt: skip
+    seen: set[tuple[str, str]] = set()
+    for cap in view.capacities:
+        sc = cap.get("storageClassName", "")
+        labels = (cap.get("nodeTopology") or {}).get("matchLabels") or {}
+        on = labels.get(view.names.topology_key)
+        if sc not in view.storage_classes or on not in view.nodes:
+            continue
+        seen.add((sc, on))
+        want_cap = advertised.get((on, view.storage_classes[sc]))
+        got = parse_quantity(str(cap.get("capacity", "0")))
+        if want_cap is not None and got != want_cap:
+            out.append(f"CSIStorageCapacity {cap['metadata']['name']} ({sc} on {on}) says "
+                       f"{got} bytes; the Node says {want_cap}")  # fmt: skip
+    for sc in view.storage_classes:
+        for name in view.nodes:
+            if (sc, name) not in seen:
+                out.append(f"no CSIStorageCapacity for {sc} on {name}")
+    return out
+
+
+def violations(view: ClusterView) -> list[str]:
+    """Every broken invariant, each in one sentence; [] when all hold."""
+    return [*_pv_rules(view), *_lv_object_rules(view), *_capacity_rules(view)]

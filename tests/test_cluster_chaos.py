@@ -1,0 +1,285 @@
+"""The crash campaign: seeded runs, each one operation (create, delete, expand, snapshot,
+restore) with one crash at a random point of it: SIGKILL of topolvm-controller, of topolvm-node,
+of lvmd (socket mode), or a power loss of the UML node itself. After each run the operation must
+complete, every invariant hold (tests/invariants.py), and every volume's data read back with the
+checksum it was written with.
+
+``make test`` runs TOPOLVM_CHAOS_RUNS=10 (the default); ``make chaos`` 100. TOPOLVM_CHAOS_SEED
+picks another campaign; a failing run names its seed, operation, victim and delay."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import statistics
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import PersistentVolume, PersistentVolumeClaim
+
+from devtools.testbed.controlplane import ControlPlane
+from devtools.testbed.driver import DriverStack
+from devtools.testbed.umlnode import UmlNode
+from tests.chaos_helpers import READ, WRITE, Volume, device_class, settled, with_data
+from tests.cluster_fixtures import NodeSet, record_line, unique
+from tests.helpers import eventually
+from tests.lvm_fixtures import THICK, THIN
+from tests.provisioning import NS, Scenario, bound, claim
+from topolvm.k8s import api
+
+# One event loop for the module: the campaign (its API client, its gRPC channels) spans the runs.
+pytestmark = [pytest.mark.cluster, pytest.mark.asyncio(loop_scope="module")]
+
+RUNS = int(os.environ.get("TOPOLVM_CHAOS_RUNS", "10"))
+SEED = os.environ.get("TOPOLVM_CHAOS_SEED", "20261125")
+VICTIMS = ("topolvm-controller", "topolvm-node", "lvmd", "power loss")
+CLASSES = [device_class(THICK), device_class(THIN)]
+THICK_BUDGET_MIB = 3 * 1024  # of the 5 GiB the thick class offers (10 GiB VG, 4 GiB pool, spare)
+SNAPSHOT = {"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot"}
+Done = Callable[[], Awaitable[None]]
+
+
+@dataclass
+class Campaign:
+    s: Scenario
+    node: UmlNode
+    driver: DriverStack
+    sc: dict[str, str]  # device class -> StorageClass
+    vsc: str
+    volumes: dict[str, Volume] = field(default_factory=dict)
+    snapshots: dict[str, Volume] = field(default_factory=dict)  # what a restore must read
+    runs: Counter[str] = field(default_factory=Counter)
+    restarts: Counter[str] = field(default_factory=Counter)
+    recovery: list[float] = field(default_factory=list)
+
+    @property
+    def client(self) -> AsyncClient:
+        return self.s.client
+
+    def possible(self) -> list[str]:
+        thick = sum(v.size_mib for v in self.volumes.values() if v.device_class == "ssd")
+        ops = ["create"] if len(self.volumes) < 6 and thick <= THICK_BUDGET_MIB - 512 else []
+        if self.volumes or self.snapshots:
+            ops.append("delete")
+        if self.volumes and thick <= THICK_BUDGET_MIB - 256:
+            ops.append("expand")
+        if any(v.device_class == "thin" for v in self.volumes.values()) and len(self.snapshots) < 3:
+            ops.append("snapshot")
+        if self.snapshots and len(self.volumes) < 6:
+            ops.append("restore")
+        return ops
+
+    async def _volume_of(self, name: str) -> str:
+        obj = await bound(self.client, name, timeout=180)
+        return str(obj["spec"]["volumeName"])
+
+    # --- operations: each starts, and returns what waits for its end ----------------------
+
+    async def create(self, rng: random.Random) -> Done:
+        dc = rng.choice(["ssd", "thin"])
+        v = Volume(unique(f"c-{dc}"), dc, 512)
+        self.s.apply(claim(v.claim, self.sc[dc], f"{v.size_mib}Mi"))
+
+        async def done() -> None:
+            v.checksum = (await with_data(self.client, self.node, await self._volume_of(v.claim),
+                                          WRITE)).strip()  # fmt: skip
+            self.volumes[v.claim] = v
+
+        return done
+
+    async def delete(self, rng: random.Random) -> Done:
+        names = sorted(self.volumes) + sorted(self.snapshots)
+        name = rng.choice(names)
+        if name in self.snapshots:
+            del self.snapshots[name]
+            self.s.cp.kubectl("delete", "volumesnapshot", name, "-n", NS, "--wait=false")
+            return lambda: self._gone("volumesnapshot", name)
+        v = self.volumes.pop(name)
+        pv_name = await self._volume_of(v.claim)
+        self.s.cp.kubectl("delete", "pvc", v.claim, "-n", NS, "--wait=false")
+
+        async def done() -> None:
+            async def pv_gone() -> bool:
+                return await api.get(self.client, PersistentVolume, pv_name) is None
+
+            await eventually(f"PV {pv_name} deleted", pv_gone, timeout=180)
+
+        return done
+
+    async def _gone(self, kind: str, name: str) -> None:
+        async def gone() -> bool:
+            out = self.s.cp.kubectl("get", kind, name, "-n", NS, "--ignore-not-found")
+            return not out.strip()
+
+        await eventually(f"{kind} {name} deleted", gone, timeout=180)
+
+    async def expand(self, rng: random.Random) -> Done:
+        v = self.volumes[rng.choice(sorted(self.volumes))]
+        pv_name = await self._volume_of(v.claim)
+        v.size_mib += 256
+        await api.patch_merge(self.client, PersistentVolumeClaim, v.claim,
+                              {"spec": {"resources": {"requests": {
+                                  "storage": f"{v.size_mib}Mi"}}}}, namespace=NS)  # fmt: skip
+
+        async def done() -> None:
+            async def grown() -> bool:
+                pv = await api.get(self.client, PersistentVolume, pv_name)
+                return pv is not None and pv["spec"]["capacity"]["storage"] == f"{v.size_mib}Mi"
+
+            await eventually(f"PV {pv_name} grown to {v.size_mib}Mi", grown, timeout=180)
+
+        return done
+
+    async def snapshot(self, rng: random.Random) -> Done:
+        thin = sorted(n for n, v in self.volumes.items() if v.device_class == "thin")
+        v = self.volumes[rng.choice(thin)]
+        name = unique("snap")
+        self.s.apply({**SNAPSHOT, "metadata": {"name": name, "namespace": NS},
+                      "spec": {"volumeSnapshotClassName": self.vsc,
+                               "source": {"persistentVolumeClaimName": v.claim}}})  # fmt: skip
+
+        async def done() -> None:
+            async def ready() -> bool:
+                out = self.s.cp.kubectl("get", "volumesnapshot", name, "-n", NS, "-o",
+                                        "jsonpath={.status.readyToUse}", check=False)  # fmt: skip
+                return out.strip() == "true"
+
+            await eventually(f"snapshot {name} ready", ready, timeout=180)
+            self.snapshots[name] = Volume(name, "thin", v.size_mib, v.checksum)
+
+        return done
+
+    async def restore(self, rng: random.Random) -> Done:
+        snap = self.snapshots[rng.choice(sorted(self.snapshots))]
+        v = Volume(unique("restore"), "thin", snap.size_mib, snap.checksum)
+        source = {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot",
+                  "name": snap.claim}  # fmt: skip
+        self.s.apply(claim(v.claim, self.sc["thin"], f"{v.size_mib}Mi", source=source))
+
+        async def done() -> None:
+            await self._volume_of(v.claim)
+            self.volumes[v.claim] = v
+
+        return done
+
+    # --- crashes ------------------------------------------------------------------------
+
+    def crash(self, victim: str) -> None:
+        if victim == "topolvm-controller":
+            self.driver.kill_controller()
+            self.driver.restart_after_crash()
+        elif victim == "power loss":
+            self.node.power_cycle()
+        else:
+            self.node.signal(victim, "SIGKILL", wait=10)
+            self.node.respawn(victim)
+
+    def restart_exited(self) -> None:
+        """What the kubelet does for a container that exited: start it again (and count it)."""
+        for name in ("lvmd", "topolvm-node"):
+            if not self.node.daemon(name, lines=1)["running"]:
+                self.restarts[name] += 1
+                self.node.respawn(name)
+
+    async def verify_data(self) -> None:
+        for v in list(self.volumes.values()):
+            pv_name = await self._volume_of(v.claim)
+            got = (await with_data(self.client, self.node, pv_name, READ)).strip()
+            assert got == v.checksum, f"{v.claim}: data read back as {got}, written {v.checksum}"
+
+
+@pytest.fixture(scope="module")
+def chaos_node(
+    control_plane: ControlPlane, driver: DriverStack, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[UmlNode]:
+    """One UML node, vg1 (10 GiB) with pool0 (4 GiB); lvmd as its own daemon (socket mode)."""
+    nodes = NodeSet(control_plane, "chaos", tmp_path_factory.mktemp("chaos"))
+    try:
+        (node,) = nodes.make(1, vg_gib=[10])
+        node.lvm("lvcreate", "-T", "vg1/pool0", "-L", "4g")
+        socket = node.start_lvmd([THICK, THIN])
+        node.start_topolvm_node(control_plane, [], lvmd_socket=socket)
+        yield node
+    finally:
+        nodes.close()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def campaign(
+    control_plane: ControlPlane, driver: DriverStack, chaos_node: UmlNode,
+) -> AsyncIterator[Campaign]:  # fmt: skip
+    client = api.make_client(str(control_plane.kubeconfig))
+    s = Scenario(control_plane, client, [chaos_node])
+    await s.record()
+    vsc = unique("vsc")
+    s.apply(
+        {
+            "apiVersion": "snapshot.storage.k8s.io/v1",
+            "kind": "VolumeSnapshotClass",
+            "metadata": {"name": vsc},
+            "driver": "topolvm.io",
+            "deletionPolicy": "Delete",
+        }
+    )
+    sc = {dc: s.sc(device_class=dc, fs_type="xfs", binding="Immediate") for dc in ("ssd", "thin")}
+    c = Campaign(s, chaos_node, driver, sc, vsc)
+    try:
+        yield c
+    finally:
+        if "topolvm-controller" not in driver.children:
+            driver.restart_after_crash()
+        await asyncio.to_thread(c.restart_exited)
+        try:
+            await s.clean()
+        finally:
+            await client.close()
+            _report(c)
+
+
+def _report(c: Campaign) -> None:
+    if not c.recovery:
+        return
+    lines = [f"chaos: {len(c.recovery)} seeded runs (seed {SEED}): "
+             + ", ".join(f"{k} {n}" for k, n in sorted(c.runs.items())),
+             f"  recovery (crash to every invariant holding and data read back): median "
+             f"{statistics.median(c.recovery):.1f}s, max {max(c.recovery):.1f}s"]  # fmt: skip
+    if c.restarts:
+        lines.append("  exited after a crash and restarted: "
+                     + ", ".join(f"{k} {n}" for k, n in sorted(c.restarts.items())))  # fmt: skip
+    if report := os.environ.get("TOPOLVM_CHAOS_REPORT"):
+        Path(report).write_text("\n".join(lines) + "\n")
+    record_line("\n".join(lines))
+
+
+@pytest.mark.parametrize("run", range(RUNS))
+async def test_crash_at_a_random_point(campaign: Campaign, run: int) -> None:
+    c = campaign
+    rng = random.Random(f"{SEED}:{run}")
+    op = rng.choice(c.possible())
+    victim = rng.choice(VICTIMS)
+    delay = round(rng.uniform(0, 3), 2)
+    what = f"run {run} (seed {SEED}): {op}, {victim} killed after {delay}s"
+    done = await getattr(c, op)(rng)
+    await asyncio.sleep(delay)
+    t0 = time.monotonic()
+    await asyncio.to_thread(c.crash, victim)
+    c.runs[f"{op}/{victim}"] += 1
+
+    def logs() -> str:
+        return f"{what}\ntopolvm-node:\n{c.node.node_log(lines=15)}"
+
+    try:
+        await asyncio.wait_for(done(), 240)
+        await asyncio.to_thread(c.restart_exited)
+        await settled(c.client, [c.node], CLASSES, {v: k for k, v in c.sc.items()}, details=logs)
+        await c.verify_data()
+    except (AssertionError, TimeoutError) as exc:
+        raise AssertionError(f"{what}: {exc}") from exc
+    c.recovery.append(time.monotonic() - t0)

@@ -1,0 +1,140 @@
+"""The chaos campaign's invariant checker (tests/invariants.py): quiet on a healthy cluster,
+and each rule broken on its own is named."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from tests.invariants import ClusterView, DeviceClass, Lv, NodeView, expected_capacity, violations
+
+GiB = 1 << 30
+THICK = DeviceClass("ssd", "vg1", spare=GiB)
+THIN = DeviceClass("thin", "vg1", spare=GiB, thin_pool="pool0", ratio=5.0)
+HANDLE = "6a1c2d3e-0000-4000-8000-000000000001"
+
+
+def _pv(name: str, handle: str, node: str, size: str = "1Gi") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": size},
+            "csi": {"driver": "topolvm.io", "volumeHandle": handle},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "topology.topolvm.io/node", "operator": "In", "values": [node]}]}]}},
+        },
+        "status": {"phase": "Bound"},
+    }  # fmt: skip
+
+
+def _lv_obj(name: str, handle: str, node: str) -> dict[str, Any]:
+    return {"metadata": {"name": name},
+            "spec": {"name": name, "nodeName": node, "size": "1Gi"},
+            "status": {"volumeID": handle, "currentSize": "1Gi"}}  # fmt: skip
+
+
+def _csc(name: str, sc: str, node: str, capacity: int) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "storageClassName": sc, "capacity": str(capacity),
+            "nodeTopology": {"matchLabels": {"topology.topolvm.io/node": node}}}  # fmt: skip
+
+
+def healthy() -> ClusterView:
+    lvs = {"pool0": Lv(4 * GiB, "twi-aotz--"), HANDLE: Lv(GiB, "-wi-ao----")}
+    node = NodeView("n1", {"vg1": lvs}, {"vg1": 5 * GiB})
+    thick_free = 4 * GiB
+    thin_free = 20 * GiB - GiB
+    node.annotations = {"capacity.topolvm.io/ssd": str(thick_free),
+                        "capacity.topolvm.io/thin": str(thin_free)}  # fmt: skip
+    return ClusterView(
+        nodes={"n1": node},
+        classes=[THICK, THIN],
+        pvs=[_pv("pvc-1", HANDLE, "n1")],
+        logical_volumes=[_lv_obj("pvc-1", HANDLE, "n1")],
+        capacities=[
+            _csc("csisc-a", "fast", "n1", thick_free),
+            _csc("csisc-b", "thin-sc", "n1", thin_free),
+        ],
+        storage_classes={"fast": "ssd", "thin-sc": "thin"},
+    )
+
+
+def test_a_healthy_cluster_has_no_violation() -> None:
+    assert violations(healthy()) == []
+
+
+def test_thin_capacity_counts_every_thin_volume_and_floors_at_zero() -> None:
+    view = healthy()
+    node = view.nodes["n1"]
+    node.lvs["vg1"]["thinvol"] = Lv(3 * GiB, "Vwi-a-tz--", pool="pool0")
+    assert expected_capacity(node, THIN) == 20 * GiB - 3 * GiB - GiB
+    node.lvs["vg1"]["huge"] = Lv(30 * GiB, "Vwi-a-tz--", pool="pool0")
+    assert expected_capacity(node, THIN) == 0
+    assert expected_capacity(NodeView("n2", {}, {}), THIN) == 0  # no pool, nothing offered
+
+
+def _broken(change: str) -> ClusterView:
+    view = copy.deepcopy(healthy())
+    node = view.nodes["n1"]
+    if change == "lv missing":
+        del node.lvs["vg1"][HANDLE]
+    elif change == "lv too small":
+        node.lvs["vg1"][HANDLE] = Lv(GiB // 2, "-wi-a-----")
+    elif change == "lv on two nodes":
+        view.nodes["n2"] = NodeView("n2", {"vg1": {HANDLE: Lv(GiB, "-wi-a-----")}},
+                                    {"vg1": 0}, dict(node.annotations))  # fmt: skip
+    elif change == "orphan lv":
+        node.lvs["vg1"]["leftover"] = Lv(GiB, "-wi-a-----")
+    elif change == "lv object without status":
+        del view.logical_volumes[0]["status"]
+    elif change == "lv object deleting":
+        view.logical_volumes[0]["metadata"]["deletionTimestamp"] = "2026-11-25T00:00:00Z"
+    elif change == "duplicate lv objects":
+        view.logical_volumes.append(_lv_obj("pvc-1", "other", "n1"))
+        view.logical_volumes[-1]["metadata"]["name"] = "pvc-1-again"
+    elif change == "duplicate pv":
+        view.pvs.append(_pv("pvc-2", HANDLE, "n1"))
+    elif change == "annotation stale":
+        node.annotations["capacity.topolvm.io/ssd"] = str(5 * GiB)
+    elif change == "annotation missing":
+        del node.annotations["capacity.topolvm.io/thin"]
+    elif change == "capacity stale":
+        view.capacities[0]["capacity"] = "1Gi"
+    elif change == "capacity missing":
+        del view.capacities[1]
+    return view
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ("lv missing", "Bound PV pvc-1 has 0 LVs named"),
+        ("lv too small", "less than the PV's 1073741824"),
+        ("lv on two nodes", "has 2 LVs named"),
+        ("orphan lv", "LV vg1/leftover on n1 has no LogicalVolume"),
+        ("lv object without status", "LogicalVolume pvc-1 on n1 has no LV"),
+        ("lv object deleting", "LogicalVolume pvc-1 still being deleted"),
+        ("duplicate lv objects", "2 LogicalVolumes for volume pvc-1"),
+        ("duplicate pv", f"2 PVs share volume {HANDLE}"),
+        ("annotation stale", "Node n1 advertises 5368709120 bytes for ssd; LVM says 4294967296"),
+        ("annotation missing", "Node n1 has no capacity.topolvm.io/thin annotation"),
+        ("capacity stale", "CSIStorageCapacity csisc-a (fast on n1) says 1073741824 bytes"),
+        ("capacity missing", "no CSIStorageCapacity for thin-sc on n1"),
+    ],
+)
+def test_each_broken_rule_is_named(change: str, expected: str) -> None:
+    found = violations(_broken(change))
+    assert any(expected in v for v in found), found
+
+
+def test_pvs_of_other_drivers_and_other_nodes_are_left_alone() -> None:
+    view = healthy()
+    foreign = _pv("pvc-x", "x", "n1")
+    foreign["spec"]["csi"]["driver"] = "other.csi.example.com"
+    elsewhere = _pv("pvc-y", "y", "not-checked")
+    released = _pv("pvc-z", "z", "n1")
+    released["status"]["phase"] = "Released"
+    view.pvs += [foreign, elsewhere, released]
+    view.capacities.append(_csc("csisc-c", "someone-elses", "n1", 1))
+    assert violations(view) == []
