@@ -120,6 +120,22 @@ async def test_socket_mode_with_a_separate_lvmd(
     )
     assert int(annos["capacity.topolvm.io/ssd"]) > 2 * GiB  # 4 GiB VG - 1 GiB spare
     assert await eventually("Probe ready (lvmd health + CSIDriver)", lambda: probe(node))
+
+    # lvmd crashes and is back: the next call that needs it is answered at once (NOT_FOUND for
+    # an unknown volume), not failed with "failed to connect" during gRPC's reconnect backoff
+    # (found by the chaos campaign: NodePublishVolume failed for up to 2 minutes).
+    await asyncio.to_thread(node.signal, "lvmd", "SIGKILL", wait=10)
+    async with grpc.aio.insecure_channel(node.csi_target) as ch:
+        stub = csi_grpc.NodeStub(ch)
+        await asyncio.sleep(3)  # the node's channel notices and backs off
+        await asyncio.to_thread(node.respawn, "lvmd")
+        request = csi.NodePublishVolumeRequest(
+            volume_id="no-such-volume", target_path="/run/kubelet/x/mount", volume_capability=MOUNT
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.NodePublishVolume(request, timeout=30)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND, err.value.details()
+    assert node.daemon("topolvm-node")["running"], node.node_log()
     assert node.signal("topolvm-node", "SIGTERM", wait=60) == {"running": False, "rc": 0}
     assert node.signal("lvmd", "SIGTERM", wait=30) == {"running": False, "rc": 0}
 

@@ -27,6 +27,7 @@ from topolvm.controller.sizing import (
     node_from_topology,
     volume_size,
 )
+from topolvm.csi.mountflags import check_mount_flags
 from topolvm.k8s import errors as kube
 from topolvm.k8s.lvobject import LogicalVolumeObject
 from topolvm.k8s.lvstore import (
@@ -166,6 +167,8 @@ class ControllerService(csi_grpc.ControllerServicer):
             if cap.HasField("access_mode") and cap.access_mode.mode != SINGLE_NODE_WRITER:
                 mode = csi.VolumeCapability.AccessMode.Mode.Name(cap.access_mode.mode)
                 raise status.InvalidArgument(f"unsupported access mode: {mode}")
+            if cap.WhichOneof("access_type") == "mount":
+                check_mount_flags(cap.mount.mount_flags)
         first = caps[0]
         block = first.WhichOneof("access_type") == "block"
         return block, "" if block else first.mount.fs_type

@@ -18,6 +18,7 @@ from typing import Any, Protocol, TypeVar
 import grpc
 
 from topolvm.constants import Names
+from topolvm.csi.mountflags import check_path
 from topolvm.node import mounter
 from topolvm.node.condition import InvalidLvAttr, condition_from_attr
 from topolvm.node.csirequests import (
@@ -25,7 +26,6 @@ from topolvm.node.csirequests import (
     mode_name,
     mount_options,
     require,
-    require_absolute,
 )
 from topolvm.node.lvmd_client import LvmdCallError, LvmdClient
 from topolvm.proto import csi_pb2 as csi
@@ -128,7 +128,7 @@ class NodeService(csi_grpc.NodeServicer):
         mode = capability.access_mode.mode
         if mode != AccessMode.SINGLE_NODE_WRITER:
             raise status.FailedPrecondition(f"unsupported access mode: {mode_name(mode)} ({mode})")
-        require_absolute(target, "target_path")
+        check_path(target, "target_path")
         fstype, options = "", []
         if access_type == "mount":
             fstype = capability.mount.fs_type or DEFAULT_FSTYPE
@@ -246,7 +246,7 @@ class NodeService(csi_grpc.NodeServicer):
         volume_id, target = request.volume_id, request.target_path
         require(volume_id, "volume_id")
         require(target, "target_path")
-        require_absolute(target, "target_path")
+        check_path(target, "target_path")
         async with self.locks.hold(volume_id):
             await self._unpublish(volume_id, target)
         return csi.NodeUnpublishVolumeResponse()

@@ -3,9 +3,9 @@ field is an INVALID_ARGUMENT naming it."""
 
 from __future__ import annotations
 
-import os
 from typing import Any, cast
 
+from topolvm.csi.mountflags import check_mount_flags
 from topolvm.proto import csi_pb2 as csi
 from topolvm.rpc import status
 
@@ -16,6 +16,7 @@ def mount_options(
     readonly: bool, mount: csi.VolumeCapability.MountVolume, fstype: str
 ) -> list[str]:
     """``ro`` if read-only, then the StorageClass mount flags, then ``nouuid`` for xfs."""
+    check_mount_flags(mount.mount_flags)
     options = ["ro"] if readonly else []
     for flag in mount.mount_flags:
         if flag == "rw" and readonly:
@@ -32,11 +33,6 @@ def mount_options(
 def require(value: str, what: str) -> None:
     if not value:
         raise status.InvalidArgument(f"no {what} is provided")
-
-
-def require_absolute(path: str, what: str) -> None:
-    if not os.path.isabs(path):
-        raise status.InvalidArgument(f"{what} must be an absolute path: {path}")
 
 
 def check_capacity_range(request: csi.NodeExpandVolumeRequest) -> None:

@@ -50,13 +50,23 @@ def _from_rpc_error(e: grpc.aio.AioRpcError) -> LvmdCallError:
     return LvmdCallError(e.code(), e.details() or "")
 
 
+# lvmd is local: after it restarts, reconnect within a second. gRPC's default backoff grows to
+# 2 minutes, and every call in that time failed at once with "failed to connect" although lvmd
+# was back (found by the chaos campaign: NodePublishVolume failed for up to 2 minutes).
+RECONNECT = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+
+
 class SocketLvmd:
     """lvmd reached over ``unix:<socket>`` (the chart's DaemonSet or a systemd unit)."""
 
     def __init__(self, socket_path: str, timeout: float = 120.0):
         self.socket_path = socket_path
         self.timeout = timeout
-        self._channel = grpc.aio.insecure_channel(f"unix:{socket_path}")
+        self._channel = grpc.aio.insecure_channel(f"unix:{socket_path}", options=RECONNECT)
         self._lv = pb_grpc.LVServiceStub(self._channel)
         self._vg = pb_grpc.VGServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
