@@ -17,6 +17,7 @@ from devtools import gobuild
 from devtools.helm import helm
 from topolvm.cli import build_parser
 from topolvm.config.lvmd import load_lvmd_config
+from topolvm.node.cli import options_from_args
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "topolvm"
@@ -303,3 +304,117 @@ def test_both_crds_are_rendered_and_never_deleted_by_helm() -> None:
             assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     extra = kinds(render(None, ("crd.annotations.example\\.com/x=y",)), "CustomResourceDefinition")
     assert all(c["metadata"]["annotations"]["example.com/x"] == "y" for c in extra.values())
+
+
+# -- the kubernetes-csi sidecars whose jobs topolvm does itself (csiSidecars) --------------------
+
+BUILTIN_SIDECARS = "builtin-sidecars"
+
+
+def pod_spec(docs: list[dict[str, Any]], kind: str, suffix: str) -> dict[str, Any]:
+    [obj] = [d for n, d in kinds(docs, kind).items() if n.endswith(suffix)]
+    spec: dict[str, Any] = obj["spec"]["template"]["spec"]
+    return spec
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    """The value of ``--name=value`` in ``argv``; "" for a bare ``--name``; None if absent."""
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if key == name:
+            return value if eq else ""
+    return None
+
+
+def liveness_port(c: dict[str, Any]) -> tuple[str, int]:
+    """(path, container port number) the container's liveness probe calls."""
+    get = c["livenessProbe"]["httpGet"]
+    ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+    port = get["port"]
+    return get["path"], ports[port] if isinstance(port, str) else port
+
+
+def test_default_keeps_the_registrar_and_livenessprobe_sidecars() -> None:
+    docs = render()
+    node = pod_spec(docs, "DaemonSet", "-node")
+    names = [c["name"] for c in node["containers"]]
+    assert names == ["topolvm-node", "csi-registrar", "liveness-probe"]
+    [topolvm, registrar, probe] = node["containers"]
+    socket = flag(argv_of(topolvm), "--csi-socket")
+    assert flag(argv_of(registrar), "--kubelet-registration-path") == socket
+    assert {"name": "registration-dir", "mountPath": "/registration"} in registrar["volumeMounts"]
+    node_argv = topolvm_argv(topolvm)
+    assert node_argv is not None
+    assert flag(node_argv, "--register-with-kubelet") is None
+    assert flag(node_argv, "--health-probe-bind-address") is None
+    assert "registration-dir" not in {m["name"] for m in topolvm["volumeMounts"]}
+    assert liveness_port(topolvm) == ("/healthz", 9808)  # served by the sidecar
+    assert flag(argv_of(probe), "--http-endpoint") == ":9808"
+
+    controller = pod_spec(docs, "Deployment", "-controller")
+    [ctl] = [c for c in controller["containers"] if c["name"] == "topolvm-controller"]
+    [ctl_probe] = [c for c in controller["containers"] if c["name"] == "liveness-probe"]
+    assert liveness_port(ctl) == ("/healthz", 9808)
+    assert flag(argv_of(ctl_probe), "--http-endpoint") == ":9808"
+
+
+@pytest.mark.parametrize(
+    "kubelet", ["/var/lib/kubelet", "/var/snap/microk8s/common/var/lib/kubelet"]
+)
+def test_builtin_sidecars_topolvm_registers_and_probes_itself(kubelet: str) -> None:
+    sets = () if kubelet == "/var/lib/kubelet" else (f"node.kubeletWorkDirectory={kubelet}",)
+    docs = render(BUILTIN_SIDECARS, sets)
+    assert not container(docs, "csi-registrar") and not container(docs, "liveness-probe")
+
+    node = pod_spec(docs, "DaemonSet", "-node")
+    [topolvm] = node["containers"]
+    argv = topolvm_argv(topolvm)
+    assert argv is not None
+    socket = f"{kubelet}/plugins/topolvm.io/node/csi-topolvm.sock"
+    registry = f"{kubelet}/plugins_registry"
+    assert flag(argv, "--csi-socket") == socket
+    assert flag(argv, "--register-with-kubelet") == ""
+    assert flag(argv, "--plugin-registration-path") == registry
+    assert flag(argv, "--kubelet-registration-path") == socket
+    # the flags mean what they say to our CLI: the kubelet is told the chart's socket path
+    options = options_from_args(build_parser().parse_args([*argv, "--nodename=n1"]))
+    assert options.registration is not None
+    assert options.registration.socket("topolvm.io") == f"{registry}/topolvm.io-reg.sock"
+    assert options.registration.endpoint == socket
+    # the kubelet's registration folder is the host's, mounted where the flag says
+    [volume] = [v for v in node["volumes"] if v["name"] == "registration-dir"]
+    assert volume["hostPath"]["path"].rstrip("/") == registry
+    [mount] = [m for m in topolvm["volumeMounts"] if m["name"] == "registration-dir"]
+    assert mount["mountPath"].rstrip("/") == registry
+    # the liveness probe calls topolvm-node's own /healthz
+    assert options.health_address == ("0.0.0.0", 9808)
+    assert liveness_port(topolvm) == ("/healthz", 9808)
+
+    controller = pod_spec(docs, "Deployment", "-controller")
+    [ctl] = [c for c in controller["containers"] if c["name"] == "topolvm-controller"]
+    ctl_argv = topolvm_argv(ctl)
+    assert ctl_argv is not None
+    assert flag(ctl_argv, "--health-probe-bind-address") == ":8081"
+    assert liveness_port(ctl) == ("/healthz", 8081)
+    assert 9808 not in {p["containerPort"] for p in ctl["ports"]}  # nothing listens there now
+    assert "Kubelet registration: by topolvm-node itself" in notes(BUILTIN_SIDECARS)
+
+
+def test_csi_sidecars_are_dropped_one_at_a_time() -> None:
+    docs = render(None, ("csiSidecars.nodeDriverRegistrar=false",))
+    assert [c["name"] for c in pod_spec(docs, "DaemonSet", "-node")["containers"]] == [
+        "topolvm-node", "liveness-probe",
+    ]  # fmt: skip
+    [topolvm] = container(docs, "topolvm-node")
+    argv = topolvm_argv(topolvm)
+    assert argv is not None and flag(argv, "--health-probe-bind-address") is None
+    assert flag(argv, "--register-with-kubelet") == ""
+
+    docs = render(None, ("csiSidecars.livenessProbe=false",))
+    assert [c["name"] for c in pod_spec(docs, "DaemonSet", "-node")["containers"]] == [
+        "topolvm-node", "csi-registrar",
+    ]  # fmt: skip
+    [topolvm] = container(docs, "topolvm-node")
+    argv = topolvm_argv(topolvm)
+    assert argv is not None and flag(argv, "--register-with-kubelet") is None
+    assert flag(argv, "--health-probe-bind-address") == ":9808"

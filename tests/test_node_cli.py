@@ -54,6 +54,21 @@ async def test_bad_flag_values() -> None:
     assert code == 1 and "--lvm-path only applies with --embed-lvmd" in out
 
 
+async def test_bad_kubelet_registration_and_health_flags() -> None:
+    code, out = await run_node("--nodename", "n1", "--kubelet-registration-path", "/x.sock")
+    assert code == 1
+    assert "--kubelet-registration-path only applies with --register-with-kubelet" in out
+    code, out = await run_node(
+        "--nodename", "n1", "--register-with-kubelet", "--plugin-registration-path", "registry"
+    )  # fmt: skip
+    assert code == 1
+    assert "--plugin-registration-path must be an absolute path, got 'registry'" in out
+    code, out = await run_node("--nodename", "n1", "--register-with-kubelet=maybe")
+    assert code == 2 and "not a boolean: 'maybe'" in out
+    code, out = await run_node("--nodename", "n1", "--health-probe-bind-address", "localhost")
+    assert code == 2 and "expected [host]:port" in out
+
+
 async def test_embedded_lvmd_config_errors_are_reported(tmp_path: Path) -> None:
     cfg = tmp_path / "lvmd.yaml"
     cfg.write_text("device-classes: []\n")

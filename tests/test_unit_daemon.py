@@ -10,10 +10,12 @@ import os
 import signal
 import socket
 
+import aiohttp
 import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from tests.helpers import free_port
 from topolvm import daemon
 from topolvm.daemon import Parts, StartupError
 
@@ -187,3 +189,22 @@ async def test_a_part_failing_only_while_stopped_keeps_exit_status_0() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
     await asyncio.wait_for(served, 5)  # no StartupError: the stop was asked for
     assert toy.events == ["stop second", "stop first", "stopped"]
+
+
+async def test_health_checks_answer_200_or_503_with_their_reason() -> None:
+    """The controller's /healthz and /readyz and the node's /healthz are served this way."""
+    parts, port = Parts("toy"), free_port()
+    checks = {"/healthz": daemon.alive, "/readyz": lambda: (False, "caches not synced yet")}
+    await daemon.serve_health(parts, ("127.0.0.1", port), checks)
+    await daemon.serve_health(parts, None, {"/healthz": daemon.alive})  # off: nothing served
+    try:
+        async with aiohttp.ClientSession() as http:
+            answers = {}
+            for path in ("/healthz", "/readyz", "/metrics"):
+                async with http.get(f"http://127.0.0.1:{port}{path}") as r:
+                    answers[path] = (r.status, await r.text())
+    finally:
+        await parts.stop()
+    assert answers["/healthz"] == (200, "ok")
+    assert answers["/readyz"] == (503, "caches not synced yet")
+    assert answers["/metrics"][0] == 404  # only the checks are served

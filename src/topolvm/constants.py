@@ -20,6 +20,8 @@ RESIZEFS_REQUESTED_AT = "topolvm.io/last-resizefs-requested-at"  # always topolv
 LEGACY_DEVICE_DIR = "/dev/topolvm"
 DEFAULT_CSI_SOCKET = "/run/topolvm/csi-topolvm.sock"
 DEFAULT_LVMD_SOCKET = "/run/topolvm/lvmd.sock"
+DEFAULT_REGISTRATION_DIR = "/var/lib/kubelet/plugins_registry"
+"""The kubelet's plugin registration folder (its plugin watcher looks for sockets there)."""
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """What every daemon (lvmd, node, controller, scheduler) shares: one start-up error, the parts
-it runs under supervision, and the serve loop from start to graceful stop.
+it runs under supervision, the serve loop from start to graceful stop, and its listeners (gRPC
+on a UNIX socket, HTTP, metrics, health probes) as parts.
 
 A daemon builds its parts in ``start()``: background tasks with :meth:`Parts.spawn` (one that
 ends with an error ends the process with that error, as a crash would, so Kubernetes restarts
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
 import grpc
@@ -140,6 +141,38 @@ async def serve_metrics(
     if address is None:
         return
     await serve_http(parts, metrics_app(registry), address, "metrics")
+
+
+Health = Callable[[], tuple[bool, str]]
+"""A health or readiness check for :func:`serve_health`: (healthy, why)."""
+
+
+def alive() -> tuple[bool, str]:
+    """The check of a process that answers at all: its event loop runs."""
+    return True, "ok"
+
+
+def health_app(checks: Mapping[str, Health]) -> web.Application:
+    """GET ``path`` answers 200 with the check's reason when it passes, else 503 with it."""
+    app = web.Application()
+    for path, check in checks.items():
+
+        async def answer(_: web.Request, check: Health = check) -> web.Response:
+            ok, why = check()
+            return web.Response(text=why, status=200 if ok else 503)
+
+        app.router.add_get(path, answer)
+    return app
+
+
+async def serve_health(
+    parts: Parts, address: tuple[str, int] | None, checks: Mapping[str, Health]
+) -> None:
+    """Serve ``checks`` (path -> check, e.g. ``/healthz``, ``/readyz``) at ``address`` (None:
+    not at all) until stop, for kubelet's probes."""
+    if address is None:
+        return
+    await serve_http(parts, health_app(checks), address, "health")
 
 
 class Daemon(Protocol):

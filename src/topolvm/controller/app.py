@@ -10,7 +10,6 @@ import uuid
 from collections.abc import Mapping
 
 import grpc
-from aiohttp import web
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node
 from prometheus_client import CollectorRegistry
@@ -23,7 +22,7 @@ from topolvm.controller.metrics import ControllerMetrics
 from topolvm.controller.options import ControllerOptions
 from topolvm.controller.parts import run_reconcilers, start_webhook
 from topolvm.csi.identity import IdentityService, csidriver_check
-from topolvm.daemon import Parts, StartupError, serve_grpc, serve_http, serve_metrics
+from topolvm.daemon import Parts, StartupError, serve_grpc, serve_health, serve_metrics
 from topolvm.k8s import api
 from topolvm.k8s import errors as kube
 from topolvm.k8s.leader import LeaderElector, LeadershipLost
@@ -99,19 +98,6 @@ class TopolvmController:
             return False, "CSI server is not running"
         return True, "ok"
 
-    def _health_app(self) -> web.Application:
-        async def healthz(_: web.Request) -> web.Response:
-            return web.Response(text="ok")
-
-        async def readyz(_: web.Request) -> web.Response:
-            ok, why = self.ready()
-            return web.Response(text=why, status=200 if ok else 503)
-
-        app = web.Application()
-        app.router.add_get("/healthz", healthz)
-        app.router.add_get("/readyz", readyz)
-        return app
-
     # -- start / stop ----------------------------------------------------------------------
 
     async def check_api(self, attempts: int = 30) -> None:
@@ -145,8 +131,8 @@ class TopolvmController:
 
         # Listeners in this order so that stop (last first) runs: readiness false, the CSI
         # server, the webhook, metrics, then health (kubelet's probes answer until the end).
-        if self.options.health_address is not None:
-            await serve_http(self.parts, self._health_app(), self.options.health_address, "health")
+        health = {"/healthz": daemon.alive, "/readyz": self.ready}
+        await serve_health(self.parts, self.options.health_address, health)
         await serve_metrics(self.parts, self.registry, self.options.metrics_address)
         if self.options.webhook_address is not None:  # every replica serves the pod webhook
             await start_webhook(self.parts, self.options, self.client, self.names, self.metrics)

@@ -62,6 +62,15 @@ class ReadinessChecker:
             return
         log.warning(f"readiness check failed: {self.error}")
 
+    def status(self) -> tuple[bool, str]:
+        """(ready, why), as ``Probe`` answers: the latest round's error, not ready before the
+        first round passed, else ready. topolvm-node's own ``/healthz`` serves it."""
+        if self.error is not None:
+            return False, str(self.error) or repr(self.error)
+        if not self.ready:
+            return False, "readiness checks have not passed yet"
+        return True, "ok"
+
     async def _loop(self) -> None:
         while True:
             await self.check_once()
@@ -123,11 +132,11 @@ class IdentityService(csi_grpc.IdentityServicer):
     async def Probe(
         self, request: csi.ProbeRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> csi.ProbeResponse:
-        error = self.checker.error
-        if error is not None:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error) or repr(error))
+        ready, why = self.checker.status()
+        if self.checker.error is not None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
         resp = csi.ProbeResponse()
-        resp.ready.value = self.checker.ready
+        resp.ready.value = ready
         return resp
 
 

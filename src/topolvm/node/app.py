@@ -16,7 +16,7 @@ from topolvm import daemon
 from topolvm.config.lvmd import LvmdConfig
 from topolvm.constants import Names
 from topolvm.csi.identity import IdentityService, csidriver_check
-from topolvm.daemon import Parts, StartupError, serve_grpc, serve_metrics
+from topolvm.daemon import Parts, StartupError, serve_grpc, serve_health, serve_metrics
 from topolvm.k8s import api
 from topolvm.k8s import errors as kube
 from topolvm.k8s.lvstore import LogicalVolumeStore
@@ -26,6 +26,7 @@ from topolvm.node.csi_node import NodeService
 from topolvm.node.exporter import CapacityExporter, NodeMetrics
 from topolvm.node.lvmd_client import EmbeddedLvmd, LvmdClient, SocketLvmd
 from topolvm.node.reconciler import LogicalVolumeReconciler
+from topolvm.node.registration import Registration, serve_registration
 from topolvm.process import bounded
 from topolvm.proto import csi_pb2_grpc as csi_grpc
 from topolvm.rpc.status import GrpcMetrics
@@ -41,6 +42,8 @@ class NodeOptions:
     lvmd_socket: str = ""
     embed_lvmd: LvmdConfig | None = None
     metrics_address: tuple[str, int] | None = ("0.0.0.0", 8080)
+    health_address: tuple[str, int] | None = None  # /healthz: what the CSI Probe answers
+    registration: Registration | None = None  # built-in kubelet plugin registration
     resync: float = 600.0
     probe_interval: float = 60.0
     workers: int = 4
@@ -109,16 +112,8 @@ class TopolvmNode:
         self.parts.spawn(self.informer.run(), "informer")
         self.parts.spawn(self.controller.run(), "controller")
         self.parts.spawn(self.exporter.run(), "exporter")
-        await self.identity.start()
-        self.parts.on_stop("readiness checker", self.identity.stop)
-        identity, node_service = self.identity, self.node_service
-
-        def register(server: grpc.aio.Server) -> None:
-            csi_grpc.add_IdentityServicer_to_server(identity, server)
-            csi_grpc.add_NodeServicer_to_server(node_service, server)
-
-        await serve_metrics(self.parts, self.registry, self.options.metrics_address)
-        await serve_grpc(self.parts, self.options.csi_socket, register)  # the first to stop
+        await serve_listeners(self.parts, self.options, self.identity, self.node_service,
+                              self.registry)  # fmt: skip
         log.info(
             "topolvm-node started",
             extra={
@@ -127,16 +122,42 @@ class TopolvmNode:
                 "embedded_lvmd": self._embedded is not None,
                 "plugin": self.names.plugin,
                 "advertise_capacity_resource": self.options.advertise_capacity_resource,
+                "kubelet_registration": self.options.registration is not None,
+                "health_probes": self.options.health_address is not None,
             },
         )
 
     async def stop(self) -> None:
-        """Stop every part, the CSI server first; each step is bounded so that one stuck part
-        cannot keep the process alive (kubelet restarts a stuck node plugin only once it
-        exits)."""
+        """Stop every part, the kubelet registration and the CSI server first; each step is
+        bounded so that one stuck part cannot keep the process alive (kubelet restarts a stuck
+        node plugin only once it exits)."""
         await self.parts.stop()
         await bounded("lvmd client", self.lvmd.close())  # after the parts that call lvmd
         log.info("topolvm-node stopped")
+
+
+async def serve_listeners(
+    parts: Parts, options: NodeOptions, identity: IdentityService, node_service: NodeService,
+    registry: CollectorRegistry,
+) -> None:  # fmt: skip
+    """What the kubelet and Prometheus reach: the readiness checks, ``/healthz`` (what the CSI
+    Probe answers), ``/metrics``, the CSI socket and, once that serves, the kubelet plugin
+    registration socket. In this order so that stop (last first) runs: the registration socket
+    goes (the kubelet unregisters the driver), the CSI server, metrics, health, the checks."""
+    await identity.start()
+    parts.on_stop("readiness checker", identity.stop)
+
+    def register(server: grpc.aio.Server) -> None:
+        csi_grpc.add_IdentityServicer_to_server(identity, server)
+        csi_grpc.add_NodeServicer_to_server(node_service, server)
+
+    await serve_health(parts, options.health_address, {"/healthz": identity.checker.status})
+    await serve_metrics(parts, registry, options.metrics_address)
+    await serve_grpc(parts, options.csi_socket, register)
+    if options.registration is not None:
+        await serve_registration(
+            parts, options.registration, options.csi_socket, node_service.grpc_metrics
+        )
 
 
 async def serve(client: AsyncClient, options: NodeOptions) -> None:

@@ -10,7 +10,12 @@ from typing import TYPE_CHECKING
 from topolvm import daemon
 from topolvm.cliargs import add_bool_flag, add_client_flags, bind_address, positive_seconds
 from topolvm.config.errors import ConfigError
-from topolvm.constants import DEFAULT_CSI_SOCKET, DEFAULT_LVMD_SOCKET, names
+from topolvm.constants import (
+    DEFAULT_CSI_SOCKET,
+    DEFAULT_LVMD_SOCKET,
+    DEFAULT_REGISTRATION_DIR,
+    names,
+)
 from topolvm.k8s.api import with_client
 from topolvm.k8s.errors import KubeError
 from topolvm.lvm.errors import LvmError
@@ -19,6 +24,7 @@ from topolvm.lvmd.server import Options
 
 if TYPE_CHECKING:
     from topolvm.node.app import NodeOptions
+    from topolvm.node.registration import Registration
 
 log = logging.getLogger("topolvm.node")
 
@@ -39,6 +45,34 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         type=bind_address,
         default=":8080",
         help="host:port serving Prometheus /metrics; '0' or '' disables",
+    )
+    p.add_argument(
+        "--health-probe-bind-address",
+        type=bind_address,
+        default="0",
+        help="host:port serving /healthz (200 when the CSI Probe says ready, else 503 with the "
+        "reason), for kubelet's liveness probe; '0' or '' disables (the default)",
+    )
+    add_bool_flag(
+        p,
+        "--register-with-kubelet",
+        False,
+        "register the CSI driver with the kubelet by serving its plugin registration API on "
+        "<--plugin-registration-path>/<driver>-reg.sock, as csi-node-driver-registrar does",
+    )
+    p.add_argument(
+        "--plugin-registration-path",
+        default=None,
+        metavar="DIR",
+        help="the kubelet's plugin registration folder, with --register-with-kubelet "
+        f"(default {DEFAULT_REGISTRATION_DIR})",
+    )
+    p.add_argument(
+        "--kubelet-registration-path",
+        default=None,
+        metavar="PATH",
+        help="the CSI socket's path on the host, as the kubelet calls it, with "
+        "--register-with-kubelet (default: the --csi-socket value)",
     )
     p.add_argument(
         "--embed-lvmd",
@@ -83,10 +117,39 @@ def options_from_args(args: argparse.Namespace) -> NodeOptions:
         lvmd_socket=args.lvmd_socket,
         embed_lvmd=embed,
         metrics_address=args.metrics_bind_address,
+        health_address=args.health_probe_bind_address,
+        registration=registration_from_args(args),
         resync=args.resync_interval,
         advertise_capacity_resource=args.advertise_capacity_resource,
         lvmd_options=Options(),
     )
+
+
+def registration_from_args(args: argparse.Namespace) -> Registration | None:
+    """The built-in kubelet registration the flags ask for (None: the registrar sidecar's job)."""
+    from topolvm.node.registration import Registration
+
+    given = {
+        "--plugin-registration-path": args.plugin_registration_path,
+        "--kubelet-registration-path": args.kubelet_registration_path,
+    }
+    if not args.register_with_kubelet:
+        for flag, value in given.items():
+            if value is not None:
+                raise ConfigError(f"{flag} only applies with --register-with-kubelet")
+        return None
+    directory, endpoint = given.values()
+    registration = Registration(
+        endpoint=args.csi_socket if endpoint is None else endpoint,
+        directory=DEFAULT_REGISTRATION_DIR if directory is None else directory,
+    )
+    for flag, value in (
+        ("--plugin-registration-path", registration.directory),
+        ("--kubelet-registration-path (default: --csi-socket)", registration.endpoint),
+    ):
+        if not os.path.isabs(value):
+            raise ConfigError(f"{flag} must be an absolute path, got {value!r}")
+    return registration
 
 
 def run(args: argparse.Namespace) -> int:
