@@ -6,8 +6,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # lvm2 ... util-linux run inside the UML guests (their root is the host's filesystem); the rest
 # builds the guests' kernel (devtools/umlkernel.py; Debian's user-mode-linux panics on AMX hosts).
+# libseccomp-dev and pkg-config: devtools/gobuild.py builds runc with cgo and its `seccomp` tag,
+# linking libseccomp statically (runc finds it through pkg-config).
 APT_PACKAGES := lvm2 xfsprogs btrfs-progs e2fsprogs iproute2 util-linux \
-	build-essential flex bison bc patch xz-utils
+	build-essential flex bison bc patch xz-utils libseccomp-dev pkg-config
 STAMP := $(VENV)/.installed
 
 .PHONY: help deps apt venv gotools tools umlkernel lint typecheck test test-unit demo demo-lvmd image bench bench-scheduler cluster-up cluster-down clean

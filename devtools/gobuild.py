@@ -1,11 +1,12 @@
 """Build the real Kubernetes components the tests run, from pinned Go modules.
 
 Every version is pinned in ``devtools/gomod/<group>/go.mod`` (with its ``go.sum``); the table
-below names the binaries each group builds. Binaries land in
-``~/.cache/topolvm/gotools/<group>-<key>/`` (``$TOPOLVM_GOTOOLS_CACHE`` overrides it) where
-``key`` hashes the group's go.mod, go.sum, the build flags and the Go version, so no clone on the
-machine rebuilds what one has built, and a changed pin builds into a new folder. Modules come
-from the Go module proxy only; GOMODCACHE and GOCACHE are Go's defaults, so they survive too.
+below names the binaries each group builds and its build settings (cgo, build tags). Binaries
+land in ``~/.cache/topolvm/gotools/<group>-<key>/`` (``$TOPOLVM_GOTOOLS_CACHE`` overrides it)
+where ``key`` hashes the group's go.mod, go.sum, the build flags and tags, the Go version and, for
+a cgo group, the C toolchain and the Debian packages it links, so no clone on the machine
+rebuilds what one has built, and a changed input builds into a new folder. Modules come from the
+Go module proxy only; GOMODCACHE and GOCACHE are Go's defaults, so they survive too.
 
     python -m devtools.gobuild            # build whatever is missing, print the paths
     python -m devtools.gobuild --versions # the pinned versions, one per line
@@ -33,6 +34,8 @@ CACHE = tool_cache("gotools", "TOPOLVM_GOTOOLS_CACHE")
 
 _VERSION_PKG = "k8s.io/component-base/version"
 _CSI = "github.com/kubernetes-csi"
+_CONTAINERD = "github.com/containerd/containerd/v2"
+_CNI = "github.com/containernetworking/plugins"
 
 
 @dataclass(frozen=True)
@@ -41,8 +44,16 @@ class Group:
 
     name: str
     binaries: dict[str, str]
-    # ``{version}``, ``{major}`` and ``{minor}`` are filled from the go.mod pin of the first binary.
+    # Filled from the go.mod pin of the first binary's module: ``{version}`` (``{bare}`` without
+    # its "v"), ``{major}``, ``{minor}``, and ``{sum}``, the module's go.sum hash: it stands in
+    # for the git commit upstream's Makefiles stamp, which a module download does not carry.
     ldflags: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+    # cgo off builds static binaries that need nothing of the host. With cgo on, the C compiler,
+    # the C library and the Debian packages named in ``debs`` (pkg-config libraries that a
+    # static link copies into the binary) join the cache key; ``make apt`` installs them.
+    cgo: bool = False
+    debs: tuple[str, ...] = ()
     # Modules whose files (not binaries) tests need, copied next to the binaries.
     files: dict[str, tuple[str, str]] = field(default_factory=dict)
     cold_minutes: int = 2
@@ -56,6 +67,8 @@ GROUPS: tuple[Group, ...] = (
             "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
             "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
             "kubectl": "k8s.io/kubernetes/cmd/kubectl",
+            "kubelet": "k8s.io/kubernetes/cmd/kubelet",
+            "kube-proxy": "k8s.io/kubernetes/cmd/kube-proxy",
         },
         ldflags=(
             f"-X {_VERSION_PKG}.gitVersion={{version}}",
@@ -63,7 +76,7 @@ GROUPS: tuple[Group, ...] = (
             f"-X {_VERSION_PKG}.gitMinor={{minor}}",
             f"-X {_VERSION_PKG}.gitTreeState=clean",
         ),
-        cold_minutes=10,
+        cold_minutes=12,
     ),
     Group("etcd", {"etcd": "go.etcd.io/etcd/server/v3"}, cold_minutes=2),
     Group(
@@ -93,15 +106,69 @@ GROUPS: tuple[Group, ...] = (
         {"csi-sanity": f"{_CSI}/csi-test/v5/cmd/csi-sanity"},
         ldflags=("-X main.version={version}",),
     ),
+    # What a real node runs: the container runtime, the OCI runtime and the CNI plugins.
+    Group(
+        "containerd",
+        {
+            "containerd": f"{_CONTAINERD}/cmd/containerd",
+            "containerd-shim-runc-v2": f"{_CONTAINERD}/cmd/containerd-shim-runc-v2",
+            "ctr": f"{_CONTAINERD}/cmd/ctr",
+        },
+        ldflags=(  # as containerd's Makefile stamps them
+            f"-X {_CONTAINERD}/version.Version={{version}}",
+            f"-X {_CONTAINERD}/version.Revision={{sum}}",
+            f"-X {_CONTAINERD}/version.Package={_CONTAINERD}",
+        ),
+        # btrfs and devmapper snapshotters need cgo; the rest are the Makefile's (STATIC=1) tags.
+        tags=("no_btrfs", "no_devmapper", "urfave_cli_no_docs", "osusergo", "netgo"),
+        cold_minutes=4,
+    ),
+    Group(
+        "runc",
+        {"runc": "github.com/opencontainers/runc"},
+        # runc embeds its VERSION file as main.version; the Makefile stamps main.gitCommit.
+        # Linked statically as `make static` does (libseccomp.a and glibc copied in).
+        ldflags=("-X main.gitCommit={sum}", "-extldflags -static"),
+        # The Makefile's tags but libpathrs (a Rust library Debian lacks), plus `make static`'s.
+        tags=("seccomp", "urfave_cli_no_docs", "netgo", "osusergo"),
+        cgo=True,
+        debs=("libseccomp-dev",),
+        cold_minutes=1,
+    ),
+    Group(
+        "cni",
+        {
+            "bridge": f"{_CNI}/plugins/main/bridge",
+            "host-local": f"{_CNI}/plugins/ipam/host-local",
+            "loopback": f"{_CNI}/plugins/main/loopback",
+        },
+        # as the plugins' release workflow stamps it (build_linux.sh with CGO_ENABLED=0)
+        ldflags=(f"-X {_CNI}/pkg/utils/buildversion.BuildVersion={{version}}",),
+        cold_minutes=1,
+    ),
+    Group(  # for debugging a node by hand
+        "crictl",
+        {"crictl": "sigs.k8s.io/cri-tools/cmd/crictl"},
+        ldflags=("-X sigs.k8s.io/cri-tools/pkg/version.Version={bare}",),  # as its Makefile does
+        cold_minutes=4,
+    ),
 )
 
 
-def go_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GO")}
+def go_env(cgo: bool = False) -> dict[str, str]:
+    """The caller's environment without what would change a build behind the cache key's back:
+    Go's settings (but where its caches live and which proxy it asks) and cgo's C settings
+    (CC, CGO_CFLAGS, pkg-config paths): a cgo build uses the default gcc and pkg-config."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("GO", "CGO_", "PKG_CONFIG")) and k not in ("CC", "CXX")
+    }
     for keep in ("GOPATH", "GOMODCACHE", "GOCACHE", "GOPROXY", "GOSUMDB"):
         if keep in os.environ:
             env[keep] = os.environ[keep]
-    env.update(GOTOOLCHAIN="local", GOWORK="off", CGO_ENABLED="0", GOFLAGS="-mod=readonly")
+    env.update(GOTOOLCHAIN="local", GOWORK="off", GOFLAGS="-mod=readonly")
+    env["CGO_ENABLED"] = "1" if cgo else "0"
     return env
 
 
@@ -116,46 +183,77 @@ def _go() -> str:
     return go
 
 
+def _first_line(argv: list[str], env: dict[str, str] | None = None) -> str:
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, env=env)
+    return (out.stdout or out.stderr).strip().splitlines()[0]
+
+
 def _go_version() -> str:
-    out = subprocess.run(
-        [_go(), "version"], capture_output=True, text=True, check=True, env=go_env()
-    )
-    return out.stdout.strip()
+    return _first_line([_go(), "version"], go_env())
+
+
+def c_toolchain(group: Group) -> list[str]:
+    """What a cgo build depends on besides Go: the C compiler, the C library and the versions of
+    the Debian packages the group links; empty for a group without cgo."""
+    if not group.cgo:
+        return []
+    env = go_env(cgo=True)
+    cc = _first_line([_go(), "env", "CC"], env)
+    try:
+        found = [_first_line([cc, "--version"], env), _first_line(["ldd", "--version"])]
+        for deb in ("pkg-config", *group.debs):
+            query = ["dpkg-query", "-W", "-f", "${Status} ${Version}", deb]
+            status = subprocess.run(query, capture_output=True, text=True, check=False, env=env)
+            if not status.stdout.startswith("install ok installed "):
+                raise BuildError(f"{group.name} needs Debian's {deb}: run `make apt` as root")
+            found.append(f"{deb} {status.stdout.split()[-1]}")
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise BuildError(f"{group.name} needs a C toolchain ({cc}, glibc, dpkg): {exc}") from exc
+    return found
 
 
 def ldflags(group: Group) -> list[str]:
-    version = versions()[next(iter(group.binaries.values()))]
+    module, version = pin(group)
     major, minor = version.lstrip("v").split(".")[:2]
-    return [
-        "-s",
-        "-w",
-        *(f.format(version=version, major=major, minor=minor) for f in group.ldflags),
-    ]
+    fields = dict(version=version, bare=version.lstrip("v"), major=major, minor=minor)
+    if any("{sum}" in f for f in group.ldflags):
+        sums = (GOMOD / group.name / "go.sum").read_text().splitlines()
+        fields["sum"] = next(s.split()[2] for s in sums if s.split()[:2] == [module, version])
+    return ["-s", "-w", *(f.format(**fields) for f in group.ldflags)]
 
 
 def cache_dir(group: Group) -> Path:
     h = hashlib.sha256()
     for name in ("go.mod", "go.sum"):
         h.update((GOMOD / group.name / name).read_bytes())
-    h.update(json.dumps([group.binaries, ldflags(group), group.files], sort_keys=True).encode())
+    inputs: list[object] = [group.binaries, ldflags(group), group.files]
+    if group.tags or group.cgo:  # so that adding them left the other groups' keys as they were
+        inputs += [group.tags, group.cgo, c_toolchain(group)]
+    h.update(json.dumps(inputs, sort_keys=True).encode())
     h.update(_go_version().encode())
     return CACHE / f"{group.name}-{h.hexdigest()[:12]}"
 
 
 def build(group: Group) -> Path:
     """Return the folder with ``group``'s binaries, building them first if the cache lacks them."""
-    return cached_build(cache_dir(group), lambda tmp: _build_into(group, tmp), kind=group.name)
+    # keep=2: a work tree and a clean clone at other pins share this cache; a build for one must
+    # not remove the binaries the other's running session starts.
+    return cached_build(
+        cache_dir(group), lambda tmp: _build_into(group, tmp), kind=group.name, keep=2
+    )
 
 
 def _build_into(group: Group, tmp: Path) -> None:
     mod = GOMOD / group.name
     argv = [_go(), "build", "-v", "-trimpath", "-ldflags", " ".join(ldflags(group))]
+    if group.tags:
+        argv += ["-tags", ",".join(group.tags)]
     argv += ["-o", str(tmp) + "/", *group.binaries.values()]
     label = f"gobuild: {group.name} ({', '.join(group.binaries)})"
     say(f"{label}: cold build, expect about {group.cold_minutes} min on 2 cores")
     # `go build -v` names each package as it compiles it.
     run_with_progress(
-        argv, cwd=mod, env=go_env(), label=label, counted=bool, unit="packages compiled"
+        argv, cwd=mod, env=go_env(group.cgo), label=label, counted=bool, unit="packages compiled"
     )
     for name, pkg in group.binaries.items():
         # go names a binary after the import path's last element, skipping a /vN suffix.
@@ -193,22 +291,34 @@ def ensure(*names: str) -> dict[str, Path]:
     return found
 
 
+def requires(group: Group) -> dict[str, str]:
+    """Module -> version of the ``require`` lines of ``group``'s go.mod."""
+    found: dict[str, str] = {}
+    block = False
+    for raw in (GOMOD / group.name / "go.mod").read_text().splitlines():
+        line = raw.split("//")[0].strip()
+        if line in ("require (", ")"):
+            block = line != ")"
+        elif (m := re.fullmatch(r"(?:require\s+)?(\S+)\s+(v\S+)", line)) and (
+            block or line.startswith("require")
+        ):
+            found[m[1]] = m[2]
+    return found
+
+
+def pin(group: Group, pkg: str | None = None) -> tuple[str, str]:
+    """(module, version) that provides ``pkg`` (the first binary by default): the longest
+    required module path that is a prefix of the package's."""
+    pkg = pkg or next(iter(group.binaries.values()))
+    mods = [m for m in requires(group).items() if (pkg + "/").startswith(m[0] + "/")]
+    if not mods:
+        raise BuildError(f"devtools/gomod/{group.name}/go.mod requires no module of {pkg}")
+    return max(mods, key=lambda m: len(m[0]))
+
+
 def versions() -> dict[str, str]:
     """The pinned version of each built tool's module, read from the committed go.mod files."""
-    pins: dict[str, str] = {}
-    for group in GROUPS:
-        text = (GOMOD / group.name / "go.mod").read_text()
-        for pkg in group.binaries.values():
-            for line in text.splitlines():
-                parts = line.replace("require", "").split()
-                if (
-                    len(parts) >= 2
-                    and parts[1].startswith("v")
-                    and (pkg + "/").startswith(parts[0] + "/")
-                ):
-                    pins[pkg] = parts[1]
-                    break
-    return pins
+    return {pkg: pin(g, pkg)[1] for g in GROUPS for pkg in g.binaries.values()}
 
 
 def main() -> int:

@@ -10,7 +10,8 @@ This module takes ``linux-source-6.12`` (``apt-get download``, no install), appl
 The kernel lands in ``~/.cache/topolvm/umlkernel/linux-<key>/linux`` (``$TOPOLVM_UMLKERNEL_CACHE``
 overrides the folder), where ``key`` hashes the source version, the patches, the config, the
 recipe, the compiler and libc, so every clone on the machine shares one build; a changed input
-builds anew and the older build is pruned. A cold build takes about 4 minutes on 2 cores.
+builds anew and builds older than the two before it are pruned. A cold build takes about 4
+minutes on 2 cores.
 
     python -m devtools.uml kernel      # build if needed, print the kernel's path
 """
@@ -91,7 +92,9 @@ def kernel() -> Path:
             deb = _source_deb()
         version = _deb_version(deb)
         build = functools.partial(_build_into, deb, version)
-        return cached_build(build_dir(version), build, kind="linux") / "linux"
+        # keep=2: a work tree and a clean clone at another kernel config share this cache; a
+        # build for one must not remove the kernel the other is booting.
+        return cached_build(build_dir(version), build, kind="linux", keep=2) / "linux"
     except KernelBuildError:
         raise
     except (BuildError, OSError, subprocess.SubprocessError) as exc:
