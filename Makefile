@@ -4,11 +4,12 @@ SHELL := /bin/bash
 
 VENV := .venv
 PY := $(VENV)/bin/python
-# lvm2 ... util-linux run inside the UML guests (their root is the host's filesystem); the rest
-# builds the guests' kernel (devtools/umlkernel.py; Debian's user-mode-linux panics on AMX hosts).
+# lvm2 ... nftables run inside the UML guests (their root is the host's filesystem; nft is for
+# kube-proxy's nftables mode); the rest builds the guests' kernel (devtools/umlkernel.py;
+# Debian's user-mode-linux panics on AMX hosts).
 # libseccomp-dev and pkg-config: devtools/gobuild.py builds runc with cgo and its `seccomp` tag,
 # linking libseccomp statically (runc finds it through pkg-config).
-APT_PACKAGES := lvm2 xfsprogs btrfs-progs e2fsprogs iproute2 util-linux \
+APT_PACKAGES := lvm2 xfsprogs btrfs-progs e2fsprogs iproute2 util-linux nftables \
 	build-essential flex bison bc patch xz-utils libseccomp-dev pkg-config
 STAMP := $(VENV)/.installed
 

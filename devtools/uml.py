@@ -167,6 +167,12 @@ def disk_devices(count: int) -> list[str]:
     return [f"/dev/ubd{DISK_LETTERS[i]}" for i in range(count)]
 
 
+Disk = int | Path
+"""A guest's disk: the size of a fresh sparse file, or a file it boots on read-only through a
+copy-on-write layer of its own (UML's ``ubdX=cow,backing``: what it writes stays in the layer,
+so many guests share one backing file; the file must not change while any layer uses it)."""
+
+
 @dataclass
 class Network:
     """A TAP link: ``tap`` exists in the caller's network namespace; the guest's eth0 gets
@@ -191,7 +197,7 @@ class _Boot:
 def _prepared(
     command: Sequence[str],
     *,
-    disks: Sequence[int],
+    disks: Sequence[Disk],
     mem_mb: int,
     env: Mapping[str, str] | None,
     cwd: str | os.PathLike[str] | None,
@@ -236,11 +242,15 @@ def _prepared(
             "quiet",
             "loglevel=1",
         ]
-        for i, size in enumerate(disks):
+        for i, disk in enumerate(disks):
+            if isinstance(disk, Path):  # UML's copy-on-write layer (made if missing) over it
+                cow = (images or Path(fast_tmp)) / f"disk{i}.cow"
+                args.append(f"ubd{DISK_LETTERS[i]}={cow},{disk}")
+                continue
             img = (images or Path(fast_tmp)) / f"disk{i}.img"
             if not img.exists():
                 with img.open("wb") as f:
-                    f.truncate(size)
+                    f.truncate(disk)
             args.append(f"ubd{DISK_LETTERS[i]}={img}")
         (base / "lvm.conf").write_text(LVM_CONF)
         guest_env = {
@@ -280,7 +290,7 @@ def _prepared(
 def run(
     command: Sequence[str],
     *,
-    disks: Sequence[int] = (16 << 30,) * 4,
+    disks: Sequence[Disk] = (16 << 30,) * 4,
     mem_mb: int = 2048,
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
@@ -289,16 +299,18 @@ def run(
     workdir: str | os.PathLike[str] | None = None,
     network: Network | None = None,
     stalled: Callable[[], bool] | None = None,
+    images: Path | None = None,
 ) -> UmlResult:
     """Boot UML, run ``command`` as root inside it, power off; return its exit status.
     ``stalled()`` is polled every second: when it says so, UML is killed (:class:`UmlStalled`).
 
     ``disks`` are sizes in bytes of fresh sparse files attached as /dev/ubdb, /dev/ubdc, ...
+    (kept in ``images`` if given), or files to boot on read-only through a copy-on-write layer.
     The guest environment is ``env`` plus PATH, HOME, LANG, TOPOLVM_UML_DISKS.
     """
     with _prepared(
         command, disks=disks, mem_mb=mem_mb, env=env, cwd=cwd, capture=capture,
-        workdir=workdir, network=network,
+        workdir=workdir, network=network, images=images,
     ) as boot:  # fmt: skip
         proc = subprocess.Popen(
             boot.args,
@@ -363,7 +375,7 @@ def running(
     command: Sequence[str],
     *,
     console: Path,
-    disks: Sequence[int] = (16 << 30,) * 2,
+    disks: Sequence[Disk] = (16 << 30,) * 2,
     mem_mb: int = 1024,
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,

@@ -19,8 +19,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from devtools import nodeimages
+from devtools.testbed import systemdisk
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import DriverStack, apply_snapshot_crds, snapshot_controller_argv
+from devtools.testbed.kubenode import KubeNode, pod_subnet
 from devtools.testbed.process import Child, HarnessError
 from devtools.testbed.umlnode import UmlNode
 
@@ -29,6 +32,7 @@ CLUSTER_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-s
 VG = "vg1"
 THICK = {"name": "ssd", "volume-group": VG, "default": True, "spare-gb": 1}
 """The one thick device class on ``vg1`` that ``topolvm node`` gets unless a caller says else."""
+KUBE_NODE_MEM_MB = 1536  # the kubelet, containerd, kube-proxy and the pods, with room
 
 
 @dataclass
@@ -48,6 +52,7 @@ class Testbed:
     before_node_stop: Callable[[UmlNode], None] | None = None
     nodes: list[UmlNode] = field(default_factory=list)
     driver: DriverStack | None = None
+    kubes: dict[str, KubeNode] = field(default_factory=dict)  # node name -> its Kubernetes side
     _stops: list[tuple[str, Callable[[], None]]] = field(default_factory=list, repr=False)
 
     @property
@@ -86,18 +91,33 @@ class Testbed:
         disks: tuple[int, ...] = UmlNode.disks,
         labels: dict[str, str] | None = None,
         device_classes: list[dict[str, Any]] | None = None,
+        kubelet: bool = False,
+        driver_images: bool = False,
     ) -> UmlNode:
-        """Boot UML guest ``index`` (its TAP link and addresses), make VG ``vg1`` of ``vg_gib``
-        on its first disk and register it as a Node with ``labels``, and its CSINode; with
-        ``device_classes``, start ``topolvm node`` there with lvmd embedded."""
+        """Boot UML guest ``index`` (its TAP link and addresses) and make VG ``vg1`` of
+        ``vg_gib`` on its first disk. With ``kubelet``, the guest is a real Kubernetes node
+        (containerd, the kubelet, kube-proxy: devtools/testbed/kubenode.py) that registers
+        itself with ``labels`` and is Ready on return; else a simulated Node with ``labels`` and
+        a CSINode are created for it; with ``driver_images`` its containerd holds the project's
+        image and the CSI sidecars' besides the workloads' busybox. With ``device_classes``,
+        ``topolvm node`` is started there with lvmd embedded."""
         if not any(what == "UML nodes" for what, _ in self._stops):
             self.defer("UML nodes", self._stop_nodes)
         node = UmlNode(name, index, self.node_dir or self.workdir / "nodes", disks=disks,
                        labels=dict(labels or {}))  # fmt: skip
+        if kubelet:
+            # /var/lib: containerd with every image, the kubelet's root
+            images = nodeimages.all_images() if driver_images else nodeimages.workload_images()
+            node.system_disk, node.mem_mb = systemdisk.template(images), KUBE_NODE_MEM_MB
+            node.routed.append(pod_subnet(index))
         self.nodes.append(node)  # before it starts: teardown stops a half-started guest too
         node.start()
         node.make_vg(VG, vg_gib)
-        self.kube.add_node(name, labels=node.labels)
+        if kubelet:
+            kube = KubeNode(node, self.kube, self.bins, labels=node.labels)
+            self.kubes[name] = kube.start()
+        else:
+            self.kube.add_node(name, labels=node.labels)
         if device_classes is not None:
             node.start_topolvm_node(self.kube, device_classes)
         return node

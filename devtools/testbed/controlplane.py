@@ -43,8 +43,19 @@ KCM_CONTROLLERS = (
     "statefulset-controller",
     "deployment-controller",  # the chart's controller Deployment makes real Pod objects
     "replicaset-controller",
+    # for real kubelets: the chart's DaemonSets, Services (kube-proxy and the webhook's
+    # endpoint), kube-root-ca.crt in every namespace (pods' ServiceAccount token volumes)
+    "daemonset-controller",
+    "endpoints-controller",
+    "endpointslice-controller",
+    "root-ca-certificate-publisher-controller",
 )
 DEFAULT_NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
+
+
+ADVERTISE = "10.199.0.1"
+"""The API server's address for pods (the ``kubernetes`` Service's endpoint): on the namespace's
+loopback link, reached from every guest through its TAP link's host side."""
 
 
 def host_address(index: int) -> str:
@@ -91,12 +102,19 @@ class ControlPlane:
             "10.0.0.1",
             "kubernetes",
             "kubernetes.default",
+            "kubernetes.default.svc",
+            ADVERTISE,
         )
         hosts += tuple(host_address(i) for i in range(1, GUEST_SUBNETS + 1))
         self.serving = self.pki.issue("apiserver", "kube-apiserver", hosts=hosts, server=True)
         self.admin_cert = self.pki.issue("admin", "admin", org="system:masters")
+        # how the API server authenticates to kubelets (kubectl logs, exec)
+        self.kubelet_client = self.pki.issue("apiserver-kubelet-client",
+                                             "kube-apiserver-kubelet-client",
+                                             org="system:masters")  # fmt: skip
         self.write_kubeconfig(self.kubeconfig, self.server)
         try:
+            _namespace_network()
             self._start_etcd()
             self._start_apiserver()
             self._start_controller_manager()
@@ -140,10 +158,17 @@ class ControlPlane:
                 str(self.bins["kube-apiserver"]),
                 f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
                 "--bind-address=0.0.0.0", f"--secure-port={API_PORT}",
-                "--advertise-address=127.0.0.1", "--endpoint-reconciler-type=none",
+                f"--advertise-address={ADVERTISE}",
                 f"--tls-cert-file={crt}", f"--tls-private-key-file={key}",
                 f"--client-ca-file={self.pki.ca_file}",
-                "--authorization-mode=RBAC",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                f"--kubelet-client-certificate={self.kubelet_client[0]}",
+                f"--kubelet-client-key={self.kubelet_client[1]}",
+                "--kubelet-preferred-address-types=InternalIP",
+                # webhooks (and aggregated APIs) are dialled at a Service's endpoint, a pod
+                # address the namespace routes to its node; no kube-proxy runs on the host
+                "--enable-aggregator-routing=true",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={self.pki.sa_pub_file}",
                 f"--service-account-signing-key-file={self.pki.sa_key_file}",
@@ -225,10 +250,17 @@ class ControlPlane:
 
     # --- access -------------------------------------------------------------------------
 
-    def write_kubeconfig(self, path: Path, server: str, token: str | None = None) -> Path:
-        """A kubeconfig for ``server``: admin (client certificate in ``system:masters``), or
-        with ``token`` a bearer token (say, a ServiceAccount's from ``kubectl create token``)."""
-        crt, key = self.admin_cert
+    def write_kubeconfig(
+        self,
+        path: Path,
+        server: str,
+        token: str | None = None,
+        cert: tuple[Path, Path] | None = None,
+    ) -> Path:
+        """A kubeconfig for ``server``: admin (client certificate in ``system:masters``), with
+        ``token`` a bearer token (say, a ServiceAccount's from ``kubectl create token``), or with
+        ``cert`` that client certificate and key (a node's, say)."""
+        crt, key = cert or self.admin_cert
         user = (
             {"token": token} if token else {"client-certificate": str(crt), "client-key": str(key)}
         )
@@ -336,3 +368,17 @@ class ControlPlane:
         lines = [f"kubeconfig: {self.kubeconfig}", f"server:     {self.server}"]
         lines += [f"log:        {c.log}  ({n})" for n, c in self.children.items()]
         return "\n".join(lines)
+
+
+def _namespace_network() -> None:
+    """:data:`ADVERTISE` on the namespace's loopback link (once), and forwarding on (pod to pod
+    across nodes passes the namespace)."""
+    Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
+    shown = subprocess.run(["ip", "-4", "addr", "show", "dev", "lo"], capture_output=True,
+                           text=True, check=False)  # fmt: skip
+    if f" {ADVERTISE}/" in shown.stdout:
+        return
+    res = subprocess.run(["ip", "addr", "add", f"{ADVERTISE}/32", "dev", "lo"],
+                         capture_output=True, text=True, check=False)  # fmt: skip
+    if res.returncode != 0:
+        raise HarnessError(f"ip addr add {ADVERTISE}/32 dev lo: {res.stderr.strip()}")

@@ -84,8 +84,10 @@ class Pki:
         org: str | None = None,
         hosts: tuple[str, ...] = (),
         server: bool = False,
+        folder: Path | None = None,
     ) -> tuple[Path, Path]:
-        """A certificate signed by the CA: ``<name>.crt`` and ``<name>.key``."""
+        """A certificate signed by the CA: ``<name>.crt`` and ``<name>.key`` in ``folder`` (the
+        PKI's own by default)."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         builder = (
@@ -113,7 +115,8 @@ class Pki:
                     sans.append(x509.DNSName(h))
             builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
         cert = builder.sign(self._ca_key, hashes.SHA256())
-        crt, keyf = self.folder / f"{name}.crt", self.folder / f"{name}.key"
+        folder = folder or self.folder
+        crt, keyf = folder / f"{name}.crt", folder / f"{name}.key"
         crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         keyf.write_bytes(_key_pem(key))
         keyf.chmod(0o600)

@@ -52,6 +52,8 @@ class UmlNode:
     mem_mb: int = 768
     labels: dict[str, str] = field(default_factory=dict)  # extra Node labels
     lvmd_options: dict[str, Any] = field(default_factory=dict)  # more lvmd config keys
+    system_disk: uml.Disk = 0  # a disk after the data disks for the node's system (0: none)
+    routed: list[str] = field(default_factory=list)  # subnets the host routes to this guest
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _boot: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
@@ -59,6 +61,7 @@ class UmlNode:
     # what spawn() started: name -> (argv, env); lvmd's sockets by daemon name
     _spawned: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict, repr=False)
     _sockets: dict[str, str] = field(default_factory=dict, repr=False)
+    _boot_steps: list[list[str]] = field(default_factory=list, repr=False)
 
     @property
     def tap(self) -> str:
@@ -78,7 +81,18 @@ class UmlNode:
 
     @property
     def disk_devices(self) -> list[str]:
+        """The data disks (for VGs)."""
         return uml.disk_devices(len(self.disks))
+
+    @property
+    def system_device(self) -> str | None:
+        """The system disk's device, after the data disks (see ``system_disk``)."""
+        return uml.disk_devices(len(self.disks) + 1)[-1] if self.system_disk else None
+
+    @property
+    def spawned(self) -> list[str]:
+        """The daemons :meth:`spawn` started, in order."""
+        return list(self._spawned)
 
     def start(self, timeout: float = 120) -> UmlNode:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -88,6 +102,8 @@ class UmlNode:
             self._stack.callback(_ip, "link", "del", self.tap, check=False)
             _ip("addr", "add", f"{host}/24", "dev", self.tap)
             _ip("link", "set", self.tap, "up")
+            for subnet in self.routed:  # the link goes, and its routes with it
+                _ip("route", "add", subnet, "via", self.address, "dev", self.tap)
             self._images = self._stack.enter_context(uml.disk_folder())
             self._stack.callback(self._boot.close)
             self._power_on(timeout)
@@ -105,7 +121,7 @@ class UmlNode:
             uml.running(
                 agent,
                 console=self.console,
-                disks=self.disks,
+                disks=(*self.disks, self.system_disk) if self.system_disk else self.disks,
                 mem_mb=self.mem_mb,
                 cwd=REPO,
                 network=uml.Network(self.tap, f"{self.address}/24", host_address(self.index)),
@@ -133,10 +149,16 @@ class UmlNode:
         self._power_on(timeout)
         self.lvm("vgchange", "-ay")
         self.exec("mkdir", "-p", "/run/topolvm")  # the chart's hostPath, DirectoryOrCreate
+        for step in self._boot_steps:
+            self.exec(*step)
         for name, (argv, env) in list(self._spawned.items()):
             self.spawn(name, argv, env)
             if name in self._sockets:
                 self._wait_socket(name, self._sockets[name])
+
+    def on_boot(self, argv: list[str]) -> None:
+        """Run ``argv`` after every later boot (:meth:`power_cycle`), before the daemons."""
+        self._boot_steps.append(argv)
 
     def stop(self) -> None:
         self._stack.close()
