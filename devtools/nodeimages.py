@@ -285,9 +285,13 @@ def workload_images() -> list[NodeImage]:
     return [pause(), busybox()]
 
 
+def sidecars() -> list[NodeImage]:
+    return [sidecar(s) for s in SIDECARS]
+
+
 def driver_images() -> list[NodeImage]:
     """What the chart's pods run: the project's image and the CSI sidecars."""
-    return [topolvm(), *(sidecar(s) for s in SIDECARS)]
+    return [topolvm(), *sidecars()]
 
 
 def all_images() -> list[NodeImage]:

@@ -124,8 +124,10 @@ class NodeSet:
 
     def make(
         self, count: int = 1, vg_gib: list[float] | None = None, disks: int = 2,
-        disk_gib: int = 16,
+        disk_gib: int = 16, kubelet: bool = False, driver_images: bool = False,
     ) -> list[UmlNode]:  # fmt: skip
+        """With ``kubelet``, real Kubernetes nodes (devtools/testbed/kubenode.py) that run the
+        test's pods; ``driver_images`` puts the project's and the sidecars' images there too."""
         sizes = vg_gib or [10.0] * count
         made = []
         for i in range(count):
@@ -134,13 +136,17 @@ class NodeSet:
             name = f"{self.prefix}-n{len(self.bed.nodes) + 1}"
             node = self.bed.start_node(name, _free_indices.pop(0), sizes[i],
                                        disks=(disk_gib << 30,) * disks,
-                                       labels={GROUP_LABEL: self.prefix})  # fmt: skip
+                                       labels={GROUP_LABEL: self.prefix}, kubelet=kubelet,
+                                       driver_images=driver_images)  # fmt: skip
             made.append(node)
         return made
 
     def _forget(self, node: UmlNode) -> None:
         """The cluster's objects of a node whose topolvm-node is stopped."""
         cp = self.cp
+        # pods left on it (a failed test's) would stay Terminating without their kubelet
+        cp.kubectl("delete", "pods", "-A", f"--field-selector=spec.nodeName={node.name}",
+                   "--force", "--grace-period=0", "--wait=false", check=False)  # fmt: skip
         cp.kubectl("delete", "node", node.name, "--wait=false", check=False)
         cp.kubectl("delete", "csinode", node.name, "--wait=false", check=False)
         _drop_finalizers(cp, "node", node.name)

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from devtools import gobuild, umlkernel
+from devtools import gobuild, nodeimages, umlkernel
 from devtools.buildcache import BuildError
-from devtools.testbed import process
+from devtools.testbed import process, systemdisk
 from tests import uml_tier
 from tests.cluster_fixtures import *  # noqa: F403  (fixtures for the real-control-plane tier)
 from tests.cluster_fixtures import report_stats
@@ -45,6 +45,9 @@ def _prepare_cluster_tier(config: pytest.Config) -> None:
         try:
             gobuild.ensure()  # every group: inside the namespace there is no module proxy
             umlkernel.kernel()  # the nodes' kernel (its source comes from Debian's archive)
+            # the Kubernetes nodes' images (Debian's archive, PyPI) and their system disks
+            systemdisk.template(nodeimages.workload_images())
+            systemdisk.template(nodeimages.all_images())
         except BuildError as exc:
             raise pytest.UsageError(f"cannot build the real control plane: {exc}") from exc
     threads = os.listdir("/proc/self/task")

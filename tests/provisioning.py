@@ -1,10 +1,13 @@
 """Objects and checks the provisioning tests share: StorageClasses, claims and pods as a user
-writes them, and the "nothing left behind" assertion of upstream's e2e suite (no LV, and every
-node's capacity annotations as before the test)."""
+writes them, pods run by the real kubelets of the test's nodes, and the "nothing left behind"
+assertion of upstream's e2e suite (no LV, and every node's capacity annotations as before the
+test)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,8 +16,9 @@ from typing import Any
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Event, PersistentVolume, PersistentVolumeClaim, Pod
 
+from devtools import nodeimages
 from devtools.testbed.controlplane import ControlPlane
-from devtools.testbed.kubelet import KubeletStandIn
+from devtools.testbed.kubenode import KUBELET_DIR
 from devtools.testbed.umlnode import UmlNode
 from tests.cluster_fixtures import GROUP_LABEL, NodeSet, node_annotations, unique
 from tests.helpers import eventually
@@ -24,6 +28,12 @@ from topolvm.k8s import api
 GiB = 1 << 30
 MiB = 1 << 20
 NS = "default"
+
+
+@functools.cache
+def busybox() -> str:
+    """The workloads' image, in every Kubernetes node's containerd (devtools/nodeimages.py)."""
+    return nodeimages.busybox().name
 
 
 def storage_class(
@@ -60,7 +70,10 @@ def claim(
 def pod(
     name: str, group: str, claims: Iterable[str] = (), *, block: Iterable[str] = (),
     ephemeral: dict[str, Any] | None = None, scheduler: str = "default-scheduler",
+    script: str = "sleep 1000000", security: dict[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
+    """A pod that runs ``script`` in busybox with ``claims`` mounted at ``/<claim>``, ``block``
+    claims at ``/dev/<claim>`` and an ephemeral volume at ``/scratch``, on a node of ``group``."""
     mounts = [{"name": c, "mountPath": f"/{c}"} for c in claims]
     devices = [{"name": c, "devicePath": f"/dev/{c}"} for c in block]
     volumes: list[dict[str, Any]] = [
@@ -69,13 +82,15 @@ def pod(
     if ephemeral is not None:
         volumes.append({"name": "scratch", "ephemeral": {"volumeClaimTemplate": ephemeral}})
         mounts.append({"name": "scratch", "mountPath": "/scratch"})
-    container: dict[str, Any] = {"name": "app", "image": "registry.invalid/app:1"}
+    container: dict[str, Any] = {"name": "app", "image": busybox(),
+                                 "command": ["sh", "-c", script]}  # fmt: skip
     if mounts:
         container["volumeMounts"] = mounts
     if devices:
         container["volumeDevices"] = devices
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
             "spec": {"schedulerName": scheduler, "nodeSelector": {GROUP_LABEL: group},
+                     "terminationGracePeriodSeconds": 1, "securityContext": security or {},
                      "containers": [container], "volumes": volumes}}  # fmt: skip
 
 
@@ -135,17 +150,61 @@ async def events_for(client: AsyncClient, kind: str, name: str) -> list[str]:
     return [f"{e.get('reason')}: {e.get('message')}" for e in items]
 
 
+@dataclass
+class Published:
+    """A volume the kubelet published for a pod: where (in the node), and what."""
+
+    pvc: str
+    pv: str
+    volume_id: str
+    target: str
+    block: bool
+
+
+def mount_target(pod_uid: str, pv: str) -> str:
+    return f"{KUBELET_DIR}/pods/{pod_uid}/volumes/kubernetes.io~csi/{pv}/mount"
+
+
+def block_target(pod_uid: str, pv: str) -> str:
+    return f"{KUBELET_DIR}/plugins/kubernetes.io/csi/volumeDevices/publish/{pv}/{pod_uid}"
+
+
+async def published(client: AsyncClient, pod_obj: dict[str, Any]) -> list[Published]:
+    """The pod's claims (persistent and generic ephemeral) and their publish targets."""
+    found = []
+    uid, pod_name = pod_obj["metadata"]["uid"], pod_obj["metadata"]["name"]
+    for vol in pod_obj["spec"].get("volumes", []):
+        if "persistentVolumeClaim" in vol:
+            claim_name = vol["persistentVolumeClaim"]["claimName"]
+        elif "ephemeral" in vol:
+            claim_name = f"{pod_name}-{vol['name']}"
+        else:
+            continue
+        claimed = await pvc(client, claim_name)
+        assert claimed is not None, claim_name
+        pv = await api.get(client, PersistentVolume, claimed["spec"]["volumeName"])
+        assert pv is not None
+        block = pv["spec"].get("volumeMode") == "Block"
+        pv_name = pv["metadata"]["name"]
+        target = block_target(uid, pv_name) if block else mount_target(uid, pv_name)
+        found.append(Published(claim_name, pv_name, pv["spec"]["csi"]["volumeHandle"], target,
+                               block))  # fmt: skip
+    return found
+
+
 @contextlib.contextmanager
 def shared_nodes(
     cp: ControlPlane, workdir: Path, prefix: str, vg_gib: list[float],
     device_classes: list[dict[str, Any]], *, disks: int = 2,
     prepare: Callable[[UmlNode], None] | None = None, extra: Sequence[str] = (),
+    kubelet: bool = True,
 ) -> Iterator[list[UmlNode]]:  # fmt: skip
-    """UML nodes for a whole test module, each running topolvm-node with ``device_classes``;
-    ``prepare`` makes more VGs before the node starts."""
+    """UML nodes for a whole test module, Kubernetes nodes that run the tests' pods (with
+    ``kubelet``), each running topolvm-node with ``device_classes``; ``prepare`` makes more VGs
+    before the node starts."""
     node_set = NodeSet(cp, prefix, workdir)
     try:
-        nodes = node_set.make(len(vg_gib), vg_gib=vg_gib, disks=disks)
+        nodes = node_set.make(len(vg_gib), vg_gib=vg_gib, disks=disks, kubelet=kubelet)
         for n in nodes:
             if prepare is not None:
                 prepare(n)
@@ -157,13 +216,12 @@ def shared_nodes(
 
 @dataclass
 class Scenario:
-    """What one test made, removed in reverse by :meth:`clean` (pods through the kubelet
-    stand-in first, so their volumes are unpublished), then checked to leave nothing behind."""
+    """What one test made, removed in reverse by :meth:`clean` (pods first, so that their
+    kubelets unpublish the volumes), then checked to leave nothing behind."""
 
     cp: ControlPlane
     client: AsyncClient
     nodes: list[UmlNode]
-    kubelet: KubeletStandIn | None = None
     names: Names = NORMAL
     pods: list[str] = field(default_factory=list)
     claims: list[str] = field(default_factory=list)
@@ -212,13 +270,57 @@ class Scenario:
         return name
 
     async def delete_pod(self, name: str) -> None:
-        if self.kubelet is not None:
-            with contextlib.suppress(Exception):
-                await self.kubelet.stop_pod(name)
-        self.cp.kubectl("delete", "pod", name, "-n", NS, "--grace-period=0", "--force",
-                        "--ignore-not-found", check=False)  # fmt: skip
+        """Delete the pod and wait until it is gone: its kubelet stopped it and unpublished
+        its volumes (forced on a node without a kubelet, which never confirms)."""
+        obj = await api.get(self.client, Pod, name, namespace=NS)
+        node = (obj or {}).get("spec", {}).get("nodeName")
+        if obj is not None and any(n.kubelet and n.name == node for n in self.nodes):
+            await asyncio.to_thread(self.cp.kubectl, "delete", "pod", name, "-n", NS,
+                                    "--ignore-not-found", "--timeout=120s")  # fmt: skip
+        else:
+            self.cp.kubectl("delete", "pod", name, "-n", NS, "--grace-period=0", "--force",
+                            "--ignore-not-found", check=False)  # fmt: skip
         if name in self.pods:
             self.pods.remove(name)
+
+    async def running(self, name: str, timeout: float = 180) -> list[Published]:
+        """Wait until the pod's containers run (its kubelet published every volume); what it
+        published where, the claims in the pod's order."""
+
+        async def started() -> dict[str, Any] | None:
+            obj = await api.get(self.client, Pod, name, namespace=NS)
+            statuses = (obj or {}).get("status", {}).get("containerStatuses") or []
+            return obj if statuses and all(st.get("ready") for st in statuses) else None
+
+        def details() -> str:
+            pod_state = self.cp.kubectl("describe", "pod", name, "-n", NS, check=False)
+            nodes = "\n".join(f"{n.name}:\n{n.node_log(lines=10)}" for n in self.nodes)
+            return f"{pod_state[-2500:]}\n{nodes}"
+
+        obj: dict[str, Any] = await eventually(
+            f"pod {name} running", started, timeout=timeout, details=details
+        )
+        return await published(self.client, obj)
+
+    def exec(self, pod: str, script: str) -> str:
+        """``sh -c script`` in the pod's container (kubectl exec, through the API server)."""
+        return self.cp.kubectl("exec", pod, "-n", NS, "--", "sh", "-c", script)
+
+    async def expanded(self, claim_name: str, timeout: float = 120) -> None:
+        """Until the claim's status shows the size it asks for, no resize pending: the resizer
+        and the kubelet (NodeExpandVolume on the mounted volume) both did their part."""
+
+        async def done() -> bool:
+            obj = await pvc(self.client, claim_name)
+            if obj is None:
+                return False
+            conds = obj.get("status", {}).get("conditions") or []
+            want = obj["spec"]["resources"]["requests"]["storage"]
+            return obj.get("status", {}).get("capacity", {}).get("storage") == want and not any(
+                c["type"] in ("Resizing", "FileSystemResizePending") for c in conds
+            )
+
+        await eventually(f"{claim_name} expanded", done, timeout=timeout)
 
     async def clean(self) -> None:
         for name in list(self.pods):

@@ -4,7 +4,7 @@ scheduling by capacity, filesystems, block, minimum allocations)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from lightkube import AsyncClient
@@ -12,7 +12,6 @@ from lightkube.resources.core_v1 import PersistentVolume, PersistentVolumeClaim
 
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import DriverStack
-from devtools.testbed.kubelet import KubeletStandIn
 from devtools.testbed.umlnode import UmlNode
 from tests.cluster_fixtures import unique
 from tests.helpers import eventually
@@ -49,12 +48,11 @@ def three_nodes(
 async def three(
     control_plane: ControlPlane,
     three_nodes: list[UmlNode],
-    kubelet: Callable[[list[UmlNode]], KubeletStandIn],
     cluster_client: AsyncClient,
 ) -> AsyncIterator[Scenario]:
     """A scenario on :func:`three_nodes` that must leave them as it found them."""
     nodes = three_nodes
-    s = Scenario(control_plane, cluster_client, nodes, kubelet(nodes))
+    s = Scenario(control_plane, cluster_client, nodes)
     await s.record()
     try:
         yield s
@@ -73,7 +71,7 @@ async def test_pod_lands_where_its_volume_fits_and_a_second_one_does_not_fit(
     assert await scheduled(s.client, app1) == s.nodes[1].name
     pvc = await bound(s.client, first)
     assert pvc["status"]["capacity"]["storage"] == "6Gi"
-    [fs] = await s.kubelet.start_pod(app1)  # type: ignore[union-attr]
+    [fs] = await s.running(app1)
     roomy = s.nodes[1]
     assert roomy.mounts()[fs.target]["fstype"] == "xfs"
     assert int(roomy.lvs("vg1")[fs.volume_id]["lv_size"]) == 6 * GiB
@@ -98,11 +96,11 @@ async def test_filesystems_and_minimum_allocations(
     node = await scheduled(s.client, app)
     pvc = await bound(s.client, data)
     assert pvc["status"]["capacity"]["storage"] == f"{expected // MiB}Mi"
-    [fs] = await s.kubelet.start_pod(app)  # type: ignore[union-attr]
+    [fs] = await s.running(app)
     uml = next(n for n in s.nodes if n.name == node)
     assert uml.mounts()[fs.target]["fstype"] == fs_type
-    uml.exec("sh", "-c", f"echo hello > {fs.target}/file && sync")
-    assert uml.exec("cat", f"{fs.target}/file").stdout == "hello\n"
+    s.exec(app, f"echo hello > /{data}/file && sync")  # in the container
+    assert uml.exec("cat", f"{fs.target}/file").stdout == "hello\n"  # on the volume
 
 
 async def test_block_volume_gets_the_block_minimum(three: Scenario) -> None:
@@ -113,9 +111,10 @@ async def test_block_volume_gets_the_block_minimum(three: Scenario) -> None:
     node = await scheduled(s.client, app)
     pvc = await bound(s.client, raw)
     assert pvc["status"]["capacity"]["storage"] == "8Mi"
-    [dev] = await s.kubelet.start_pod(app)  # type: ignore[union-attr]
+    [dev] = await s.running(app)
     uml = next(n for n in s.nodes if n.name == node)
     assert int(uml.exec("blockdev", "--getsize64", dev.target).stdout) == 8 * MiB
+    assert int(s.exec(app, f"blockdev --getsize64 /dev/{raw}")) == 8 * MiB  # in the container
 
 
 async def _grow(s: Scenario, name: str, size: str) -> None:
@@ -138,25 +137,29 @@ def _df(node: UmlNode, target: str) -> int:
     return int(node.exec("df", "-B1", "--output=size", target).stdout.split()[-1])
 
 
+def _df_in(s: Scenario, pod_name: str, path: str) -> int:
+    """The filesystem's size as ``df`` in the pod's container reports it."""
+    return int(s.exec(pod_name, f"df -k {path} | tail -1").split()[-5]) * 1024
+
+
 async def test_online_then_offline_resize(three: Scenario) -> None:
     s = three
-    kubelet = s.kubelet
-    assert kubelet is not None
     sc = s.sc(fs_type="xfs")
     data, app = unique("data"), unique("app")
     s.apply(claim(data, sc, "1Gi"), pod(app, s.group, [data]))
     node_name = await scheduled(s.client, app)
     node = next(n for n in s.nodes if n.name == node_name)
     await bound(s.client, data)
-    [fs] = await kubelet.start_pod(app)
-    node.exec("sh", "-c", f"echo kept > {fs.target}/file && sync")
+    [fs] = await s.running(app)
+    s.exec(app, f"echo kept > /{data}/file && sync")
 
-    # online: csi-resizer -> ControllerExpandVolume raises the LV; the node grows xfs
+    # online: csi-resizer -> ControllerExpandVolume raises the LV; the kubelet has the node
+    # grow xfs under the running container
     await _grow(s, data, "2Gi")
-    await _resize_pending(s, data)
+    await s.expanded(data)
     assert int(node.lvs("vg1")[fs.volume_id]["lv_size"]) == 2 * GiB
-    await kubelet.expand_pvc(app, data)
     assert _df(node, fs.target) > GiB + GiB // 2
+    assert _df_in(s, app, f"/{data}") > GiB + GiB // 2
     claimed = await pvc(s.client, data)
     assert claimed is not None and claimed["status"]["capacity"]["storage"] == "2Gi"
 
@@ -168,9 +171,9 @@ async def test_online_then_offline_resize(three: Scenario) -> None:
     app2 = unique("app")
     s.apply(pod(app2, s.group, [data]))
     assert await scheduled(s.client, app2) == node_name
-    [fs2] = await kubelet.start_pod(app2)
+    [fs2] = await s.running(app2)
     assert _df(node, fs2.target) > 2 * GiB + GiB // 2
-    assert node.exec("cat", f"{fs2.target}/file").stdout == "kept\n"
+    assert s.exec(app2, f"cat /{data}/file") == "kept\n"
 
 
 async def test_immediate_binding_then_the_pod_follows_its_volume(three: Scenario) -> None:
@@ -198,7 +201,7 @@ async def test_generic_ephemeral_volume_lives_and_dies_with_its_pod(three: Scena
     claim_name = f"{app}-scratch"
     await scheduled(s.client, app)
     await bound(s.client, claim_name)
-    [fs] = await s.kubelet.start_pod(app)  # type: ignore[union-attr]
+    [fs] = await s.running(app)
     assert fs.pvc == claim_name
     await s.delete_pod(app)
 

@@ -19,11 +19,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from devtools import nodeimages
+from devtools import gobuild, nodeimages
 from devtools.testbed import systemdisk
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import DriverStack, apply_snapshot_crds, snapshot_controller_argv
-from devtools.testbed.kubenode import KubeNode, pod_subnet
+from devtools.testbed.kubenode import NODE_BINARIES, KubeNode, pod_subnet
 from devtools.testbed.process import Child, HarnessError
 from devtools.testbed.umlnode import UmlNode
 
@@ -109,12 +109,14 @@ class Testbed:
             # /var/lib: containerd with every image, the kubelet's root
             images = nodeimages.all_images() if driver_images else nodeimages.workload_images()
             node.system_disk, node.mem_mb = systemdisk.template(images), KUBE_NODE_MEM_MB
+            node.kubelet = True
             node.routed.append(pod_subnet(index))
         self.nodes.append(node)  # before it starts: teardown stops a half-started guest too
         node.start()
         node.make_vg(VG, vg_gib)
         if kubelet:
-            kube = KubeNode(node, self.kube, self.bins, labels=node.labels)
+            bins = {**self.bins, **gobuild.ensure(*NODE_BINARIES)}
+            kube = KubeNode(node, self.kube, bins, labels=node.labels)
             self.kubes[name] = kube.start()
         else:
             self.kube.add_node(name, labels=node.labels)
@@ -167,11 +169,15 @@ class Testbed:
             raise errors[0]
 
     def _stop_nodes(self) -> None:
-        """``topolvm node`` in every guest first (none running is fine), then for each guest
-        ``before_node_stop`` and the guest itself (its disks and TAP link go with it)."""
+        """``topolvm node`` and the kubelet in every guest first (none running is fine), then
+        for each guest ``before_node_stop`` and the guest itself (its disks and TAP link go with
+        it)."""
         for node in self.nodes:
             with contextlib.suppress(Exception):
                 node.stop_topolvm_node()
+            if (kube := self.kubes.pop(node.name, None)) is not None:
+                with contextlib.suppress(Exception):  # else it registers the Node again
+                    kube.stop()
         errors: list[Exception] = []
         while self.nodes:
             node = self.nodes.pop()

@@ -54,6 +54,7 @@ class UmlNode:
     lvmd_options: dict[str, Any] = field(default_factory=dict)  # more lvmd config keys
     system_disk: uml.Disk = 0  # a disk after the data disks for the node's system (0: none)
     routed: list[str] = field(default_factory=list)  # subnets the host routes to this guest
+    kubelet: bool = False  # a real Kubernetes node: topolvm-node registers with its kubelet
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _boot: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
@@ -300,7 +301,7 @@ class UmlNode:
     ) -> None:
         """``topolvm node`` for this node against the host's API server: with lvmd embedded
         (``device_classes``), or using the lvmd at ``lvmd_socket``; as admin, or with ``token``
-        (a ServiceAccount's)."""
+        (a ServiceAccount's). On a Kubernetes node it registers itself with the kubelet."""
         folder = self.workdir / self.name
         folder.mkdir(parents=True, exist_ok=True)
         kubeconfig = cp.write_kubeconfig(
@@ -314,7 +315,8 @@ class UmlNode:
         argv = [
             sys.executable, "-m", "topolvm", "--log-format", "text", "node",
             f"--nodename={self.name}", *lvmd, f"--kubeconfig={kubeconfig}",
-            f"--csi-socket={CSI_SOCKET}", "--metrics-bind-address=:8080", *extra,
+            f"--csi-socket={CSI_SOCKET}", "--metrics-bind-address=:8080",
+            *(["--register-with-kubelet"] if self.kubelet else []), *extra,
         ]  # fmt: skip
         self.spawn(name, argv)
 
