@@ -13,11 +13,12 @@ APT_PACKAGES := lvm2 xfsprogs btrfs-progs e2fsprogs iproute2 util-linux nftables
 	build-essential flex bison bc patch xz-utils libseccomp-dev pkg-config
 STAMP := $(VENV)/.installed
 
-.PHONY: help deps apt venv gotools tools umlkernel lint typecheck test test-unit demo demo-lvmd image bench bench-scheduler cluster-up cluster-down clean
+.PHONY: help deps apt venv gotools tools umlkernel lint typecheck test test-unit demo demo-lvmd image bench bench-scheduler bench-kubelet cluster-up cluster-down clean
 
 help:
-	@echo "make demo   - a real control plane, helm install of charts/topolvm, a Vault StatefulSet on 3 UML"
-	@echo "              nodes with real LVM, placed by capacity: mount, write, resize, snapshot, remove"
+	@echo "make demo   - a real control plane, helm install of charts/topolvm, a Vault StatefulSet on 3"
+	@echo "              Kubernetes nodes in UML (kubelet, containerd, real LVM), placed by capacity:"
+	@echo "              its containers write, a volume is resized online, snapshotted, all removed"
 	@echo "make demo-lvmd - lvmd and topolvm-node alone inside User-Mode Linux (no control plane)"
 	@echo "make test   - ruff, mypy --strict and every pytest tier (unit, real LVM in UML, real control plane)"
 	@echo "make bench  - lvmd RPCs vs the bare LVM commands (inside UML), scheduler extender latency"
@@ -83,7 +84,8 @@ cluster-down: venv
 	$(PY) -m devtools.cluster down
 
 # The main job as a user sees it (docs/demo.md). The first run builds the Kubernetes components
-# (devtools/gobuild.py, needs Go) and says so; nothing is left running or mounted afterwards.
+# (devtools/gobuild.py, needs Go) and the nodes' images and says so; nothing is left running or
+# mounted afterwards.
 demo: deps umlkernel
 	@PATH="$$PATH:/usr/local/go/bin" $(PY) -m devtools.demo
 
@@ -100,6 +102,12 @@ bench: deps gotools umlkernel
 	$(PY) -m bench.lvmd_bench
 	$(PY) -m bench.scheduler_bench
 	$(PY) -m bench.controller_bench
+	$(PY) -m bench.kubelet_bench
+
+# PVC + pod -> container running on real kubelet nodes with the chart, against the kubelet
+# stand-in; node start -> Ready; each node's memory (bench/kubelet_bench.py).
+bench-kubelet: deps gotools umlkernel
+	$(PY) -m bench.kubelet_bench
 
 bench-scheduler: venv
 	$(PY) -m bench.scheduler_bench

@@ -1,10 +1,17 @@
-"""The test bed's control plane (and optionally UML nodes with real LVM) by hand.
+"""The test bed's control plane (and optionally Kubernetes nodes in UML guests with real LVM,
+running the chart) by hand.
 
     python -m devtools.cluster up [--nodes N]   start it in network namespace topolvm-dev
     python -m devtools.cluster env              the KUBECONFIG and PATH lines to use it
     python -m devtools.cluster shell            a shell inside the namespace, ready for kubectl
     python -m devtools.cluster logs [NAME]      list the logs, or show one component's tail
     python -m devtools.cluster down             stop everything, delete the namespace
+
+With ``--nodes N`` the nodes are real Kubernetes nodes (containerd, the kubelet, kube-proxy:
+devtools/testbed/kubenode.py) and charts/topolvm is installed with helm as release ``topolvm``
+in ``topolvm-system`` (devtools/testbed/chart.py: the test bed's image values, lvmd embedded in
+topolvm-node, device class ``ssd`` on each node's ``vg1``); ``up`` returns once its pods run.
+The snapshot CRDs and snapshot-controller run as cluster add-ons.
 
 Everything runs inside the network namespace, the same set-up as the pytest fixture: reach it
 with ``ip netns exec topolvm-dev ...`` (``shell`` does that for you). Run as root.
@@ -23,7 +30,9 @@ import sys
 import time
 from pathlib import Path
 
-from devtools import gobuild, umlkernel
+from devtools import gobuild, nodeimages, umlkernel
+from devtools.helm import helm
+from devtools.testbed import chart, systemdisk
 from devtools.testbed.bed import THICK, Testbed
 from devtools.testbed.process import HarnessError, tail
 
@@ -31,6 +40,12 @@ NETNS = "topolvm-dev"
 WORKDIR = gobuild.ROOT / ".cache" / "cluster"
 STATE = WORKDIR / "state.json"
 PIDFILE = WORKDIR / "serve.pid"  # the process group of `serve`
+RELEASE, RELEASE_NS = "topolvm", "topolvm-system"
+VALUES = {
+    "lvmd": {"managed": False, "deviceClasses": [THICK]},
+    "node": {"lvmdEmbedded": True},
+    "controller": {"replicaCount": 1},
+}
 
 
 def _netns_exists() -> bool:
@@ -44,6 +59,8 @@ def up(nodes: int, vg_gib: float) -> int:
     gobuild.ensure()  # builds before entering the namespace (needs the module proxy)
     if nodes:
         umlkernel.kernel()  # and the nodes' kernel (its source comes from Debian's archive)
+        systemdisk.template(nodeimages.all_images())  # their images (Debian's archive, PyPI)
+        helm()  # (PyPI)
     if not _netns_exists():
         subprocess.run(["ip", "netns", "add", NETNS], check=True)
         subprocess.run(["ip", "netns", "exec", NETNS, "ip", "link", "set", "lo", "up"], check=True)
@@ -57,7 +74,8 @@ def up(nodes: int, vg_gib: float) -> int:
             cwd=gobuild.ROOT, start_new_session=True,
         )  # fmt: skip
     PIDFILE.write_text(str(proc.pid))
-    print(f"starting the control plane{f' and {nodes} UML nodes' if nodes else ''} ...")
+    what = f" and {nodes} Kubernetes nodes in UML, then the chart" if nodes else ""
+    print(f"starting the control plane{what} ...")
     while not STATE.exists():
         if proc.poll() is not None:
             print(f"failed; {log}:\n{tail(log, 40)}", file=sys.stderr)
@@ -80,15 +98,22 @@ def serve(nodes: int, vg_gib: float) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     bed = Testbed(WORKDIR, gobuild.ensure())
+    t0 = time.monotonic()
     try:
-        cp = bed.start_control_plane()
+        cp = bed.start_control_plane(crds=not nodes)  # else the chart installs the CRDs
         print(f"control plane up in {cp.started_in:.1f}s", flush=True)
+        bed.start_snapshot_controller()
+        print("add-ons: VolumeSnapshot CRDs, snapshot-controller", flush=True)
         for i in range(1, nodes + 1):
-            node = bed.start_node(f"uml-{i}", i, vg_gib, device_classes=[THICK])
-            print(
-                f"UML node {node.name} at {node.address}: vg1 {vg_gib} GiB, topolvm-node",
-                flush=True,
-            )
+            node = bed.start_node(f"uml-{i}", i, vg_gib, kubelet=True, driver_images=True)
+            print(f"Kubernetes node {node.name} at {node.address} Ready: vg1 {vg_gib} GiB, "
+                  "containerd, kubelet, kube-proxy", flush=True)  # fmt: skip
+        if nodes:
+            release = chart.Release(cp, RELEASE, RELEASE_NS)
+            release.install(chart.merged(VALUES, chart.testbed_values({})))
+            pods = release.wait_running(nodes + 1, timeout=600)  # topolvm-node on each, controller
+            print(f"helm release {RELEASE} in {RELEASE_NS}: {len(pods)} pods Running, "
+                  f"{time.monotonic() - t0:.0f}s after the start", flush=True)  # fmt: skip
         print(cp.describe(), flush=True)
         STATE.write_text(
             json.dumps(
@@ -186,7 +211,7 @@ def main() -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     for name in ("up", "serve"):
         p = sub.add_parser(name)
-        p.add_argument("--nodes", type=int, default=0, help="UML nodes with real LVM (max 16)")
+        p.add_argument("--nodes", type=int, default=0, help="UML Kubernetes nodes (max 16)")
         p.add_argument("--vg-gib", type=float, default=10.0, help="size of each node's vg1")
     sub.add_parser("env")
     sub.add_parser("shell")

@@ -1,15 +1,17 @@
-"""``make demo``: TopoLVM as a user runs it, on a real control plane with UML nodes.
+"""``make demo``: TopoLVM as a user runs it, on a real control plane with 3 real Kubernetes nodes.
 
-1. builds (first run) or checks the pinned Kubernetes components and helm, then, in a private
-   network namespace, starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler, the
-   snapshot CRDs and snapshot-controller, and 3 User-Mode Linux nodes with real LVM VGs;
-2. ``helm install`` of charts/topolvm; the chart's controller containers run on the host and its
-   topolvm-node container in each guest, exactly with the chart's flags and each with its
-   ServiceAccount's token (devtools/testbed/chartpods.py);
+1. builds (first run) or checks the pinned Kubernetes components, helm and the nodes' images,
+   then, in a private network namespace, starts etcd, kube-apiserver, kube-controller-manager,
+   kube-scheduler, the snapshot CRDs and snapshot-controller on the host, and 3 User-Mode Linux
+   guests with real LVM VGs, each a Kubernetes node: containerd, runc, the kubelet, kube-proxy
+   (devtools/demo_bed.py);
+2. ``helm install`` of charts/topolvm: the kubelets run its pods in containerd (the controller
+   Deployment's 4 containers, the topolvm-node DaemonSet with lvmd embedded);
 3. a Vault StatefulSet (3 replicas, 10Gi data + 5Gi audit each) that kube-scheduler places by
    the CSIStorageCapacity objects csi-provisioner publishes;
-4.-6. the kubelet stand-in mounts the volumes in the guests; files are written, a volume is
-   resized online, a thin volume is snapshotted and restored;
+4.-6. its busybox containers write into their volumes, read back with ``kubectl exec``; a pod
+   replaced by the StatefulSet finds its data; a volume is resized online (``df`` in the
+   container); a thin volume is snapshotted and restored into a claim a reader pod mounts;
 7.-8. the cluster's view, then everything is removed and stopped.
 
 Nothing outlives the process: its network namespace (and the TAP links in it) ends with it, and
@@ -18,17 +20,18 @@ every child process and UML guest is killed with it. Logs stay in .cache/demo/ u
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
-from devtools import gobuild, uml
+from devtools import uml
+from devtools.demo_bed import WORK, DemoBed, tools
 from devtools.demo_steps import (
     CAPACITY_COLUMNS,
     CLAIMS,
-    LV_CRDS,
+    NODE_SELECTOR,
     NODE_VG_GIB,
     NS,
     PODS,
@@ -36,38 +39,37 @@ from devtools.demo_steps import (
     RELEASE_NS,
     SC_THIN,
     VALUES,
-    WORK,
-    DemoBed,
     DemoError,
     Steps,
     capacities,
     capacity_annotations,
     claim,
     claim_state,
+    expanded,
+    get_json,
     gib,
+    in_pod,
     indent,
-    items,
     kubectl,
     nothing_left,
     placed,
     pod,
-    resize_pending,
+    ready_pod,
+    restarts,
     say,
     show_yaml,
     snapshot_objects,
     snapshot_ready,
-    tools,
     until,
     vault_statefulset,
 )
-from devtools.testbed.chartpods import ControllerPod, Release, start_node_pod
-from devtools.testbed.kubelet import KubeletStandIn
+from devtools.testbed import chart
 from devtools.testbed.process import become_subreaper, enter_private_netns, reap_leftovers
 from devtools.testbed.umlnode import GiB
-from topolvm.k8s.api import make_client
 
-CHART = gobuild.ROOT / "charts" / "topolvm"
+LV_CRDS = ("logicalvolumes.topolvm.io", "logicalvolumes.topolvm.cybozu.com")
 LVS = ("lvs", "-o", "lv_name,lv_size,lv_attr,pool_lv,origin,data_percent", "vg1")
+SECRET = "cat /vault/data/secret.txt"
 
 
 @dataclass
@@ -75,51 +77,55 @@ class Demo(DemoBed):
     """Steps 2 to 8, on the test bed that step 1 started."""
 
     steps: Steps = field(default_factory=Steps)
-    release: Release | None = None
     placement: dict[str, str] = field(default_factory=dict)  # pod -> node
-    mounts: dict[tuple[str, str], str] = field(default_factory=dict)  # (pod, claim) -> path
+
+    def wait_ready(self, name: str, timeout: float = 240, not_uid: str = "") -> dict[str, Any]:
+        def details() -> str:
+            described = self.kube.kubectl("describe", "pod", name, "-n", NS, check=False)
+            return f"{described[-2500:]}\n{claim_state(self.kube)}\n{self.logs()}"
+
+        obj: dict[str, Any] = until(f"pod {name} Ready (its volumes mounted, container started)",
+                                    lambda: ready_pod(self.kube, name, not_uid), timeout,
+                                    details)  # fmt: skip
+        return obj
+
+    def lvs(self, node_name: str) -> None:
+        say(f"  $ lvm {' '.join(LVS)}    # in {node_name}")
+        say(indent(self.node(node_name).lvm(*LVS)))
 
     # --- 2 ------------------------------------------------------------------------------
 
-    async def install(self) -> None:
+    def install(self) -> None:
         cp = self.kube
-        self.release = rel = Release(cp, CHART, RELEASE, RELEASE_NS)
+        self.release = rel = chart.Release(cp, RELEASE, RELEASE_NS)
+        bed_values = chart.testbed_values(NODE_SELECTOR)
         say("  values.yaml:")
         show_yaml(VALUES)
+        say("  testbed.yaml (devtools/testbed/chart.py): the images the nodes' containerd holds, "
+            "never pulled; topolvm-node\n  registers with the kubelet and serves its liveness "
+            "probe itself (csi-node-driver-registrar and\n  livenessprobe cannot be built here: "
+            "not on the Go module proxy)")  # fmt: skip
+        show_yaml(bed_values)
         say(f"  $ helm install {RELEASE} charts/topolvm -n {RELEASE_NS} --create-namespace "
-            "-f values.yaml --wait=false")  # fmt: skip
-        say(indent(rel.install(VALUES)))
+            "-f values.yaml -f testbed.yaml")  # fmt: skip
+        say(indent(rel.install(chart.merged(VALUES, bed_values))))
+        self.installed = True
         cp.kubectl("wait", "--for=condition=established", "--timeout=60s",
                    *(f"crd/{c}" for c in LV_CRDS))  # fmt: skip
-        [cm] = [d for d in rel.manifest() if d["kind"] == "ConfigMap"
-                and "lvmd.yaml" in d.get("data", {})]  # fmt: skip
-        for node in self.nodes:
-            start_node_pod(rel, node, cm["data"]["lvmd.yaml"])
-        self.node_pods = True
-        say("  no kubelet here: the DaemonSet's topolvm-node container (lvmd embedded) runs in "
-            "each UML guest, with its flags and its ServiceAccount's token")  # fmt: skip
-        await until("the capacity annotations of every node",
-                    lambda: all(capacity_annotations(cp).get(n.name, {}).get("ssd")
-                                for n in self.nodes), 120, self.logs)  # fmt: skip
-        selector = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=controller"
-
-        def controller_pod() -> str | None:
-            found = items(cp, "pods", "-n", RELEASE_NS, "-l", selector)
-            return str(found[0]["metadata"]["name"]) if found else None
-
-        name: str = await until("a Pod of the controller Deployment", controller_pod, 60)
-        self.controller = ControllerPod(rel, self.bins, WORK / "controller", name).start()
-        say(f"  the Deployment's pod {name}: its containers topolvm-controller, "
-            "csi-provisioner, csi-resizer and csi-snapshotter run on the host, with their "
-            "flags and the controller ServiceAccount's token")  # fmt: skip
-        await until("CSIStorageCapacity objects for 3 nodes x 2 StorageClasses",
-                    lambda: len(caps := capacities(cp)) >= 6
-                    and all(v not in ("", "0") for v in caps.values()),
-                    120, self.logs)  # fmt: skip
+        rel.wait_running(1 + len(self.nodes), timeout=300)
+        say("  the kubelets run the release's pods in containerd: the controller Deployment's "
+            "4 containers, topolvm-node on every node")  # fmt: skip
+        kubectl(cp, "get", "pods", "-n", RELEASE_NS, "-o", "wide")
+        until("the capacity annotations of every node",
+              lambda: all(capacity_annotations(cp).get(n.name, {}).get("ssd")
+                          for n in self.nodes), 120, self.logs)  # fmt: skip
+        until("CSIStorageCapacity objects for 3 nodes x 2 StorageClasses",
+              lambda: len(caps := capacities(cp)) >= 6
+              and all(v not in ("", "0") for v in caps.values()), 120, self.logs)  # fmt: skip
 
     # --- 3 ------------------------------------------------------------------------------
 
-    async def place_vault(self) -> None:
+    def place_vault(self) -> None:
         cp = self.kube
         kubectl(cp, "get", "csistoragecapacities", "-n", RELEASE_NS, "-o", CAPACITY_COLUMNS)
         free = {n: int(c["ssd"]) for n, c in capacity_annotations(cp).items()}
@@ -127,10 +133,9 @@ class Demo(DemoBed):
         show_yaml(vault_statefulset())
         say("  $ kubectl apply -f vault.yaml")
         cp.apply(vault_statefulset())
-        self.placement = await until(
-            "the 3 vault pods scheduled and their 6 claims Bound",
-            lambda: placed(cp, PODS, CLAIMS), 300, lambda: claim_state(cp) + "\n" + self.logs(),
-        )  # fmt: skip
+        self.placement = until("the 3 vault pods scheduled and their 6 claims Bound",
+                               lambda: placed(cp, PODS, CLAIMS), 300,
+                               lambda: claim_state(cp) + "\n" + self.logs())  # fmt: skip
         kubectl(cp, "get", "events", "-n", NS, "--field-selector=reason=Scheduled",
                 "-o", "custom-columns=KUBE-SCHEDULER:.message")  # fmt: skip
         say("  why: kube-scheduler keeps a node only if each claim fits its CSIStorageCapacity "
@@ -152,65 +157,73 @@ class Demo(DemoBed):
 
     # --- 4 ------------------------------------------------------------------------------
 
-    def df(self, pod_name: str, claim_name: str) -> str:
-        node = self.node(self.placement[pod_name])
-        out = node.exec("df", "-h", "--output=source,fstype,size,used,avail",
-                        self.mounts[pod_name, claim_name]).stdout  # fmt: skip
-        return " ".join(out.splitlines()[-1].split())
-
-    async def mount(self, kubelet: KubeletStandIn) -> None:
+    def write(self) -> None:
         cp = self.kube
         for p in PODS:
-            node = self.node(self.placement[p])
-            for v in await kubelet.start_pod(p):
-                self.mounts[p, v.pvc] = v.target
-                path = f"{v.target}/hello.txt"
-                node.exec("sh", "-c", f"echo '{v.pvc}: written by {p} on {node.name}' > {path}"
-                          " && sync")  # fmt: skip
-                text = node.exec("cat", path).stdout.strip()
-                say(f"  {p} {v.pvc:<13} {node.name}  [{self.df(p, v.pvc)}]  hello.txt: {text}")
-        say(f"  (where the kubelet mounts them: {self.mounts['vault-0', 'data-vault-0']})")
-        columns = "custom-columns=POD:.metadata.name,NODE:.spec.nodeName,PHASE:.status.phase"
-        kubectl(cp, "get", "pods", "-l", "app=vault", "-o", columns)
-        for node in self.nodes:
-            say(f"  $ lvm {' '.join(LVS)}    # on {node.name}")
-            say(indent(node.lvm(*LVS)))
+            self.wait_ready(p)
+        say("  each container wrote a secret into its data volume and a line into its audit "
+            "volume at start")  # fmt: skip
+        kubectl(cp, "get", "pods", "-l", "app=vault", "-o", "wide")
+        for p in PODS:
+            in_pod(cp, p, f"{SECRET}; df -h /vault/data /vault/audit")
+        node = self.node(self.placement["vault-0"])
+        mounts = [f"{m['target']}  {m['source']}  {m['fstype']}" for m in node.mounts().values()
+                  if "kubernetes.io~csi" in m["target"]]  # fmt: skip
+        say(f"  in {node.name}, topolvm-node mounted the LVs where the kubelet asked "
+            "(NodePublishVolume):")  # fmt: skip
+        say(indent("\n".join(mounts)))
+        for n in self.nodes:
+            self.lvs(n.name)
+        # a pod replaced: same name (StatefulSet), same claims, so the same node and data
+        old = get_json(cp, "pod", "vault-1", "-n", NS)
+        kubectl(cp, "delete", "pod", "vault-1")
+        say("  the kubelet stopped the container and topolvm-node unmounted its volumes; the "
+            "StatefulSet makes vault-1 again:")  # fmt: skip
+        new = self.wait_ready("vault-1", not_uid=old["metadata"]["uid"])
+        kubectl(cp, "get", "pod", "vault-1", "-o", "wide")
+        out = in_pod(cp, "vault-1", f"{SECRET}; cat /vault/audit/audit.log")
+        if not out.startswith(f"secret of vault-1, first written on {old['spec']['nodeName']}"):
+            raise DemoError(f"vault-1's replacement does not find its secret: {out!r}")
+        if new["spec"]["nodeName"] != old["spec"]["nodeName"] or out.count("started on") != 2:
+            raise DemoError(f"vault-1's replacement: {new['spec']['nodeName']}, {out!r}")
+        say("  same node (the claims' volumes live there), the secret as first written, and "
+            "the audit log with both starts")  # fmt: skip
 
     # --- 5 ------------------------------------------------------------------------------
 
-    async def resize(self, kubelet: KubeletStandIn) -> None:
+    def resize(self) -> None:
         cp, pvc = self.kube, "data-vault-0"
-        say(f"  before: {self.df('vault-0', pvc)}")
+        before = in_pod(cp, "vault-0", "df -h /vault/data").split()[-5]  # size
         patch = json.dumps({"spec": {"resources": {"requests": {"storage": "12Gi"}}}})
-        say(f"  $ kubectl patch pvc {pvc} -p '{patch}'")
-        cp.kubectl("patch", "pvc", pvc, "-n", NS, "--type=merge", "-p", patch)
-        await until("csi-resizer's ControllerExpandVolume (condition FileSystemResizePending)",
-                    lambda: resize_pending(cp, pvc), 180, self.logs)  # fmt: skip
+        kubectl(cp, "patch", "pvc", pvc, "--type=merge", "-p", patch)
+        until(f"{pvc} expanded (ControllerExpandVolume, then the kubelet's NodeExpandVolume)",
+              lambda: expanded(cp, pvc), 180,
+              lambda: claim_state(cp) + "\n" + self.logs())  # fmt: skip
         pv = cp.kubectl("get", "pvc", pvc, "-n", NS, "-o", "jsonpath={.spec.volumeName}")
-        say("  csi-resizer -> ControllerExpandVolume -> LogicalVolume spec.size -> lvextend:")
+        say("  csi-resizer -> ControllerExpandVolume -> LogicalVolume spec.size -> lvextend; "
+            "then the kubelet -> NodeExpandVolume -> xfs_growfs:")  # fmt: skip
         kubectl(cp, "get", "logicalvolumes.topolvm.io", pv)
-        await kubelet.expand_pvc("vault-0", pvc)
-        say("  kubelet stand-in: NodeExpandVolume on the mounted volume (xfs_growfs), then the "
-            "PVC's status")  # fmt: skip
-        say(f"  after:  {self.df('vault-0', pvc)}")
-        node = self.node(self.placement["vault-0"])
-        text = node.exec("cat", f"{self.mounts['vault-0', pvc]}/hello.txt").stdout.strip()
-        say(f"  hello.txt still reads: {text}")
+        kubectl(cp, "get", "events", "-n", NS, f"--field-selector=involvedObject.name={pvc}",
+                "--sort-by=.lastTimestamp",
+                "-o", "custom-columns=REASON:.reason,FROM:.source.component,"
+                "MESSAGE:.message")  # fmt: skip
+        after = in_pod(cp, "vault-0", "df -h /vault/data").split()[-5]
+        if after == before:
+            raise DemoError(f"df in vault-0 did not grow: {before} before, {after} after")
+        in_pod(cp, "vault-0", SECRET)
+        say("  the same container, still running, sees the larger filesystem; the secret is "
+            "still there")  # fmt: skip
         kubectl(cp, "get", "pvc", pvc)
 
     # --- 6 ------------------------------------------------------------------------------
 
-    async def snapshot(self, kubelet: KubeletStandIn) -> None:
+    def snapshot(self) -> None:
         cp = self.kube
-        say(f"  LVM snapshots need a thin pool: a 1Gi claim 'notes' on {SC_THIN} and a pod")
-        cp.apply(claim("notes", "1Gi"), pod("notes-writer", "notes"))
-        where = await until("notes-writer scheduled and notes Bound",
-                            lambda: placed(cp, ["notes-writer"], ["notes"]), 180,
-                            lambda: claim_state(cp) + "\n" + self.logs())  # fmt: skip
-        node = self.node(where["notes-writer"])
-        [src] = await kubelet.start_pod("notes-writer")
-        node.exec("sh", "-c", f"echo 'written before the snapshot' > {src.target}/notes.txt"
-                  " && sync")  # fmt: skip
+        say(f"  LVM snapshots need a thin pool: a 1Gi claim 'notes' on {SC_THIN} and a writer pod")
+        writer = "[ -s /notes/notes.txt ] || echo 'written before the snapshot' > /notes/notes.txt"
+        cp.apply(claim("notes", "1Gi"), pod("notes-writer", "notes", writer))
+        node = self.wait_ready("notes-writer")["spec"]["nodeName"]
+        in_pod(cp, "notes-writer", "cat /notes/notes.txt")
         objs = snapshot_objects("topolvm-snapshots", "notes-snap", "notes")
         say("  $ kubectl apply -f snapshot.yaml")
         for i, obj in enumerate(objs):
@@ -218,99 +231,85 @@ class Demo(DemoBed):
                 say("    ---")
             show_yaml(obj)
         cp.apply(*objs)
-        await until("VolumeSnapshot notes-snap readyToUse",
-                    lambda: snapshot_ready(cp, "notes-snap"), 180, self.logs)  # fmt: skip
+        until("VolumeSnapshot notes-snap readyToUse", lambda: snapshot_ready(cp, "notes-snap"),
+              180, self.logs)  # fmt: skip
         kubectl(cp, "get", "volumesnapshot", "notes-snap")
-        node.exec("sh", "-c", f"echo 'written after the snapshot' >> {src.target}/notes.txt"
-                  " && sync")  # fmt: skip
-        say(f"  restore: claim 'notes-restored' with dataSource notes-snap, read by a pod on "
-            f"{node.name} (a thin snapshot stays in its origin's pool)")  # fmt: skip
+        in_pod(cp, "notes-writer", "echo 'written after the snapshot' >> /notes/notes.txt; sync")
+        say(f"  restore: claim 'notes-restored' with dataSource notes-snap, mounted by a reader "
+            f"pod on {node} (a thin snapshot stays in its origin's pool)")  # fmt: skip
         cp.apply(claim("notes-restored", "1Gi", source="notes-snap"),
-                 pod("notes-reader", "notes-restored", node.name))  # fmt: skip
-        await until("notes-reader scheduled and notes-restored Bound",
-                    lambda: placed(cp, ["notes-reader"], ["notes-restored"]), 180,
-                    lambda: claim_state(cp) + "\n" + self.logs())  # fmt: skip
-        [restored] = await kubelet.start_pod("notes-reader")
-        for label, vol in (("notes (origin)", src), ("notes-restored", restored)):
-            text = node.exec("cat", f"{vol.target}/notes.txt").stdout.strip()
-            say(f"  {label:<15} notes.txt: {text!r}")
-        say(f"  $ lvm {' '.join(LVS)}    # on {node.name}")
-        say(indent(node.lvm(*LVS)))
+                 pod("notes-reader", "notes-restored", node=node))  # fmt: skip
+        self.wait_ready("notes-reader")
+        in_pod(cp, "notes-writer", "cat /notes/notes.txt")
+        restored = in_pod(cp, "notes-reader", "cat /notes/notes.txt")
+        if restored.strip() != "written before the snapshot":
+            raise DemoError(f"the restored volume reads {restored!r}")
+        say("  the reader sees the file as it was at the snapshot")
+        self.lvs(node)
+
+    # --- 7 ------------------------------------------------------------------------------
+
+    def view(self) -> None:
+        cp = self.kube
+        kubectl(cp, "get", "pvc,pv,logicalvolumes.topolvm.io,csistoragecapacities", "-A")
+        kubectl(cp, "get", "volumesnapshots,volumesnapshotcontents", "-A")
+        say("  the capacities (csi-provisioner refreshes them every minute):")
+        kubectl(cp, "get", "csistoragecapacities", "-n", RELEASE_NS, "-o", CAPACITY_COLUMNS)
+        kubectl(cp, "get", "pods", "-A", "-o", "wide")
+        if restarted := restarts(cp, RELEASE_NS):
+            raise DemoError(f"containers of the chart restarted: {', '.join(restarted)}\n"
+                            f"{self.logs()}")  # fmt: skip
+        say("  every container of the chart still in its first run (RESTARTS 0)")
 
     # --- 8 ------------------------------------------------------------------------------
 
-    async def remove(self, kubelet: KubeletStandIn) -> None:
+    def remove(self) -> None:
         cp = self.kube
-
-        async def delete_pods(*names: str) -> None:
-            for name in names:  # the kubelet unmounts, then the pod object goes
-                await kubelet.stop_pod(name)
-                cp.kubectl("delete", "pod", name, "-n", NS, "--grace-period=0", "--force")
-
-        await delete_pods("notes-reader")
+        kubectl(cp, "delete", "pod", "notes-reader", "notes-writer")
         kubectl(cp, "delete", "pvc", "notes-restored", "--wait=false")
         kubectl(cp, "delete", "volumesnapshot", "notes-snap", "--wait=false")
-        await delete_pods("notes-writer")
         kubectl(cp, "delete", "pvc", "notes", "--wait=false")
-        kubectl(cp, "delete", "statefulset", "vault", "--cascade=orphan")
-        await delete_pods(*PODS)
-        say(f"  pods {', '.join(PODS)}, notes-writer, notes-reader: volumes unmounted, deleted")
+        kubectl(cp, "delete", "statefulset", "vault", "--cascade=foreground")
+        say("  the kubelets stopped the pods' containers, topolvm-node unmounted their volumes")
         kubectl(cp, "delete", "pvc", *CLAIMS, "--wait=false")
-        await until("every PV, LogicalVolume and VolumeSnapshotContent deleted",
-                    lambda: nothing_left(cp), 180, self.logs)  # fmt: skip
+        until("every PV, LogicalVolume and VolumeSnapshotContent deleted",
+              lambda: nothing_left(cp), 180,
+              lambda: claim_state(cp) + "\n" + self.logs())  # fmt: skip
         for node in self.nodes:
             left = [n for n, lv in node.lvs("vg1").items() if not lv["lv_attr"].startswith("t")]
             if left:
                 raise DemoError(f"LVs left on {node.name}: {left}")
             say(f"  {node.name}: no LV left in vg1 but the thin pool pool0")
         kubectl(cp, "delete", "volumesnapshotclass", "topolvm-snapshots")
-        say(f"  $ helm uninstall {RELEASE} -n {RELEASE_NS} --wait")
-        assert self.release is not None
-        say(indent(self.release.helm("uninstall", RELEASE, "-n", RELEASE_NS, "--wait")))
-        self.stop_chart()
-        say("  the chart's processes stopped (as the kubelet stops a deleted pod's containers)")
-        cp.kubectl("delete", "pods", "--all", "-n", RELEASE_NS, "--grace-period=0", "--force")
-        kubectl(cp, "delete", "namespace", RELEASE_NS, "--timeout=90s")
+        self.uninstall()
+        kubectl(cp, "delete", "namespace", RELEASE_NS, "--timeout=120s")
+        say("  the kubelets stopped the chart's containers (the namespace is gone once its pods "
+            "are)")  # fmt: skip
         kubectl(cp, "get", "pvc,pv,logicalvolumes.topolvm.io,volumesnapshots,"
                 "csistoragecapacities,statefulsets,pods", "-A")  # fmt: skip
+        left = get_json(cp, "csidrivers").get("items", [])
+        if left:
+            raise DemoError(f"CSIDrivers left: {[d['metadata']['name'] for d in left]}")
 
     # --- the whole run ------------------------------------------------------------------
 
-    async def run(self) -> None:
+    def run(self) -> None:
         step = self.steps.step
-        client = make_client(str(self.kube.kubeconfig))
-        by_name = {n.name: n for n in self.nodes}
-
-        async def mkdir(node: str, path: str) -> None:
-            await by_name[node].aexec("mkdir", "-p", path)
-
-        # The kubelet's root (/var/lib/kubelet) is /run/kubelet: the guests' own tmpfs.
-        kubelet = KubeletStandIn(client, {n.name: n.csi_target for n in self.nodes}, mkdir,
-                                 root="/run/kubelet")  # fmt: skip
-        try:
-            with step("helm install topolvm charts/topolvm (lvmd embedded; ssd and thin)"):
-                await self.install()
-            with step("StatefulSet vault: 3 x (10Gi data + 5Gi audit), placed by capacity"):
-                await self.place_vault()
-            with step("Mount the volumes (kubelet stand-in), write and read a file in each"):
-                await self.mount(kubelet)
-            with step("Resize data-vault-0 from 10Gi to 12Gi while mounted"):
-                await self.resize(kubelet)
-            with step("Snapshot a thin volume, restore it into a new claim"):
-                await self.snapshot(kubelet)
-            with step("kubectl get pvc,pv,logicalvolumes,csistoragecapacities -A"):
-                kubectl(self.kube, "get",
-                        "pvc,pv,logicalvolumes.topolvm.io,csistoragecapacities", "-A")  # fmt: skip
-                kubectl(self.kube, "get", "volumesnapshots,volumesnapshotcontents", "-A")
-                say("  the capacities (csi-provisioner refreshes them every minute):")
-                kubectl(self.kube, "get", "csistoragecapacities", "-n", RELEASE_NS,
-                        "-o", CAPACITY_COLUMNS)  # fmt: skip
-            with step("Remove everything, stop everything"):
-                await self.remove(kubelet)
-                self.stop_all(verbose=True)
-        finally:
-            await kubelet.close()
-            await client.close()
+        with step("helm install topolvm charts/topolvm (lvmd embedded; ssd and thin)"):
+            self.install()
+        with step("StatefulSet vault: 3 x (10Gi data + 5Gi audit), placed by capacity"):
+            self.place_vault()
+        with step("The pods write into their volumes; a replaced pod finds its data"):
+            self.write()
+        with step("Resize data-vault-0 from 10Gi to 12Gi under the running container"):
+            self.resize()
+        with step("Snapshot a thin volume, restore it into a new claim"):
+            self.snapshot()
+        with step("kubectl get pvc,pv,logicalvolumes,csistoragecapacities,pods -A"):
+            self.view()
+        with step("Remove everything, stop everything"):
+            self.remove()
+            self.stop_all(verbose=True)
 
 
 def main() -> int:
@@ -321,27 +320,28 @@ def main() -> int:
         say(f"make demo: {reason}")
         return 1
     say("TopoLVM demo: a real control plane, helm install of charts/topolvm, a Vault "
-        "StatefulSet on 3 UML nodes with real LVM")  # fmt: skip
+        "StatefulSet on 3 Kubernetes nodes in UML with real LVM")  # fmt: skip
     become_subreaper()
     steps = Steps()
     demo: Demo | None = None
     code = 1
     try:
-        with steps.step("Tools, control plane, 3 UML nodes with real LVM"):
+        with steps.step("Tools, control plane, 3 Kubernetes nodes in UML with real LVM"):
             bins = tools()
             enter_private_netns()
-            say("  in a private network namespace: the API server's ports and the guests' TAP "
-                "links exist only there")  # fmt: skip
+            say("  in a private network namespace: the API server's ports, the guests' TAP "
+                "links and the pods' addresses exist only there")  # fmt: skip
             demo = Demo(WORK, bins, steps=steps)
             demo.start_cluster()
-        asyncio.run(demo.run())
+        demo.run()
         code = 0
     except (Exception, KeyboardInterrupt) as exc:
         why = f"{type(exc).__name__}: {exc}"
         if isinstance(exc, KeyboardInterrupt):
             why = "interrupted"
         say(f"\nDEMO FAILED in step {steps.current or '?'}:\n{why}")
-        say(f"logs: {WORK}/ (controlplane/logs, controller/logs, nodes/)")
+        say(f"logs: {WORK}/ (controlplane/logs, chart/ (the pods' containers), nodes/ "
+            "(consoles, kubelet, containerd))")  # fmt: skip
     finally:
         if demo is not None:
             demo.stop_all()

@@ -1,31 +1,26 @@
 """What ``make demo`` (devtools/demo.py) prints, waits for and applies: step headers with their
-times, ``kubectl`` output as a user would see it, polling with a clear timeout message, and the
-objects a user writes (the chart's values, the Vault StatefulSet, the snapshot objects)."""
+times, ``kubectl`` output as a user would see it, polling with a clear timeout message, the
+objects a user writes (the chart's values, the Vault StatefulSet, the snapshot objects, busybox
+pods) and what the demo reads back from the cluster. The test bed it runs on is in
+devtools/demo_bed.py."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import json
 import shlex
-import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-from devtools import buildcache, gobuild, helm
-from devtools.testbed.bed import CLUSTER_BINARIES, Testbed
-from devtools.testbed.chartpods import ControllerPod
+from devtools import buildcache, nodeimages
 from devtools.testbed.controlplane import ControlPlane
-from devtools.testbed.driver import SIDECAR_BINARIES
-from devtools.testbed.umlnode import UmlNode
 
 GiB = 1 << 30
 NS = "default"
@@ -55,6 +50,7 @@ VALUES: dict[str, Any] = {
             "additionalParameters": {"topolvm.io/device-class": "thin"}}},
     ],
 }  # fmt: skip
+NODE_SELECTOR = {"kubernetes.io/os": "linux"}  # every node of the demo: the kubelet sets it
 REPLICAS = 3
 PODS = [f"vault-{i}" for i in range(REPLICAS)]
 CLAIMS = [f"{t}-{p}" for p in PODS for t in ("data", "audit")]
@@ -103,13 +99,27 @@ class Steps:
         return "\n".join(lines)
 
 
-def kubectl(cp: ControlPlane, *args: str) -> None:
+def kubectl(cp: ControlPlane, *args: str, check: bool = True) -> str:
     """Run kubectl as the cluster admin; show the command and what it printed (stderr too, as
-    in a terminal: "No resources found")."""
+    in a terminal: "No resources found"), return its stdout. A failure raises
+    :class:`DemoError` (with ``check``)."""
     say(f"  $ kubectl {shlex.join(args)}")
-    res = subprocess.run([str(cp.bins["kubectl"]), f"--kubeconfig={cp.kubeconfig}", *args],
-                         capture_output=True, text=True, check=False, timeout=120)  # fmt: skip
+    try:
+        res = subprocess.run([str(cp.bins["kubectl"]), f"--kubeconfig={cp.kubeconfig}", *args],
+                             capture_output=True, text=True, check=False, timeout=180)  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        raise DemoError(f"kubectl {shlex.join(args)}: no answer within 180s") from exc
     say(indent((res.stdout + res.stderr).strip() or "(no output)"))
+    if check and res.returncode != 0:
+        raise DemoError(f"kubectl {shlex.join(args)} exited {res.returncode}: "
+                        f"{res.stderr.strip()}")  # fmt: skip
+    return res.stdout
+
+
+def in_pod(cp: ControlPlane, pod_name: str, script: str) -> str:
+    """``sh -c script`` in the pod's container (kubectl exec through the API server and the
+    pod's kubelet), shown as a user types it."""
+    return kubectl(cp, "exec", pod_name, "--", "sh", "-c", script)
 
 
 def get_json(cp: ControlPlane, *args: str) -> Any:
@@ -122,14 +132,14 @@ def items(cp: ControlPlane, *args: str) -> list[dict[str, Any]]:
     return found
 
 
-async def until(
+def until(
     what: str,
     check: Callable[[], Any],
     timeout: float = 120,
     details: Callable[[], str] = lambda: "",
 ) -> Any:
-    """Poll ``check()`` (a blocking call, e.g. kubectl) every second until it returns something
-    truthy; raise :class:`DemoError` naming ``what`` after ``timeout`` seconds."""
+    """Call ``check()`` (e.g. kubectl) every second until it returns something truthy; raise
+    :class:`DemoError` naming ``what`` after ``timeout`` seconds, with ``details()``."""
     deadline = time.monotonic() + timeout
     while True:
         value = check()
@@ -139,10 +149,32 @@ async def until(
             extra = details()
             raise DemoError(f"timed out after {timeout:.0f}s waiting for {what}"
                             + (f"\n{extra}" if extra else ""))  # fmt: skip
-        await asyncio.sleep(1)
+        time.sleep(1)
 
 
 # --- objects as a user writes them ---------------------------------------------------------
+
+
+def container(script: str, mounts: dict[str, str]) -> dict[str, Any]:
+    """A busybox container (the image every node's containerd holds, devtools/nodeimages.py)
+    that runs ``script`` with the volumes ``mounts`` (name -> path), then sleeps. It is started
+    once the script has touched /tmp/started (a startup probe), so what it writes is there
+    when the pod is Ready."""
+    env = [{"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+           for name, path in (("POD_NAME", "metadata.name"), ("POD_UID", "metadata.uid"),
+                              ("NODE_NAME", "spec.nodeName"))]  # fmt: skip
+    return {"name": "app", "image": nodeimages.busybox().name, "env": env,
+            "command": ["sh", "-c", f"{script}\nsync\ntouch /tmp/started\nexec sleep 1000000"],
+            "startupProbe": {"exec": {"command": ["test", "-e", "/tmp/started"]},
+                             "periodSeconds": 1, "failureThreshold": 120},
+            "volumeMounts": [{"name": n, "mountPath": p} for n, p in mounts.items()]}  # fmt: skip
+
+
+VAULT_SCRIPT = """\
+cd /vault
+[ -s data/secret.txt ] ||
+  echo "secret of $POD_NAME, first written on $NODE_NAME at $(date -u +%T)" > data/secret.txt
+echo "$(date -u +%T) $POD_NAME (uid ${POD_UID%%-*}) started on $NODE_NAME" >> audit/audit.log"""
 
 
 def claim_template(name: str, size: str) -> dict[str, Any]:
@@ -152,11 +184,9 @@ def claim_template(name: str, size: str) -> dict[str, Any]:
 
 
 def vault_statefulset() -> dict[str, Any]:
-    """The seed's Vault: 3 replicas, each with a 10Gi data and a 5Gi audit volume. There is no
-    container runtime here: the image is never pulled, the kubelet stand-in mounts volumes."""
-    container = {"name": "vault", "image": "hashicorp/vault:1.18",
-                 "volumeMounts": [{"name": "data", "mountPath": "/vault/data"},
-                                  {"name": "audit", "mountPath": "/vault/audit"}]}  # fmt: skip
+    """The seed's Vault: 3 replicas, each with a 10Gi data and a 5Gi audit volume; a busybox
+    container stands for Vault: it writes a secret once and an audit line at every start."""
+    app = container(VAULT_SCRIPT, {"data": "/vault/data", "audit": "/vault/audit"})
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {"name": "vault", "namespace": NS},
@@ -164,7 +194,7 @@ def vault_statefulset() -> dict[str, Any]:
             "serviceName": "vault", "replicas": REPLICAS, "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": {"app": "vault"}},
             "template": {"metadata": {"labels": {"app": "vault"}},
-                         "spec": {"containers": [container]}},
+                         "spec": {"terminationGracePeriodSeconds": 1, "containers": [app]}},
             "volumeClaimTemplates": [claim_template("data", "10Gi"),
                                      claim_template("audit", "5Gi")],
         },
@@ -181,10 +211,10 @@ def claim(name: str, size: str, source: str | None = None) -> dict[str, Any]:
             "metadata": {"name": name, "namespace": NS}, "spec": spec}  # fmt: skip
 
 
-def pod(name: str, claim_name: str, node: str | None = None) -> dict[str, Any]:
+def pod(name: str, claim_name: str, script: str = ":", node: str | None = None) -> dict[str, Any]:
+    """A busybox pod with ``claim_name`` at /notes that runs ``script``, on ``node`` if given."""
     spec: dict[str, Any] = {
-        "containers": [{"name": "app", "image": "busybox:1.37",
-                        "volumeMounts": [{"name": "vol", "mountPath": "/data"}]}],
+        "terminationGracePeriodSeconds": 1, "containers": [container(script, {"vol": "/notes"})],
         "volumes": [{"name": "vol", "persistentVolumeClaim": {"claimName": claim_name}}],
     }  # fmt: skip
     if node:  # a restored thin snapshot lives in its origin's pool, on the origin's node
@@ -203,8 +233,24 @@ def snapshot_objects(snap_class: str, snap: str, source: str) -> list[dict[str, 
                       "source": {"persistentVolumeClaimName": source}}}]  # fmt: skip
 
 
+class _Dumper(yaml.SafeDumper):
+    """YAML as a user writes it: scripts as literal blocks, no anchors for repeated values."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar(
+        "tag:yaml.org,2002:str", data, style="|" if "\n" in data else None
+    )
+
+
+_Dumper.add_representer(str, _str)
+
+
 def show_yaml(obj: dict[str, Any]) -> None:
-    say(indent(yaml.safe_dump(obj, sort_keys=False, width=100)))
+    say(indent(yaml.dump(obj, Dumper=_Dumper, sort_keys=False, width=100)))
 
 
 # --- what the cluster says -------------------------------------------------------------------
@@ -244,15 +290,29 @@ def placed(cp: ControlPlane, pods: list[str], claims: list[str]) -> dict[str, st
     return None
 
 
+def ready_pod(cp: ControlPlane, name: str, not_uid: str = "") -> dict[str, Any] | None:
+    """The pod once it is Ready (its containers started: the kubelet published its volumes),
+    unless it is the pod with uid ``not_uid`` (one that was deleted and not yet replaced)."""
+    obj = get_json(cp, "pod", name, "-n", NS)
+    if not obj or obj["metadata"]["uid"] == not_uid:
+        return None
+    conds = obj.get("status", {}).get("conditions") or []
+    return obj if any(c["type"] == "Ready" and c["status"] == "True" for c in conds) else None
+
+
 def claim_state(cp: ControlPlane) -> str:
-    """For a timeout message: the claims' phases and chosen nodes, and the latest events."""
+    """For a timeout message: the claims' phases and chosen nodes, the pods' phases, and the
+    latest events."""
     lines = []
     for c in items(cp, "pvc", "-n", NS):
         selected = c["metadata"].get("annotations", {}).get("volume.kubernetes.io/selected-node")
         lines.append(f"{c['metadata']['name']}: {c.get('status', {}).get('phase')}, "
                      f"selected node {selected or '-'}")  # fmt: skip
+    for p in items(cp, "pods", "-n", NS):
+        lines.append(f"pod {p['metadata']['name']}: {p.get('status', {}).get('phase')} on "
+                     f"{p['spec'].get('nodeName') or '-'}")  # fmt: skip
     events = cp.kubectl("get", "events", "-n", NS, "--sort-by=.lastTimestamp", check=False)
-    return "claims:\n" + indent("\n".join(lines)) + "\nevents:\n" + indent(events[-3000:])
+    return "claims and pods:\n" + indent("\n".join(lines)) + "\nevents:\n" + indent(events[-3000:])
 
 
 def snapshot_ready(cp: ControlPlane, name: str) -> bool:
@@ -260,102 +320,28 @@ def snapshot_ready(cp: ControlPlane, name: str) -> bool:
     return bool(snap.get("status", {}).get("readyToUse"))
 
 
-def resize_pending(cp: ControlPlane, claim_name: str) -> bool:
+def expanded(cp: ControlPlane, claim_name: str) -> bool:
+    """The claim's status shows the size it asks for and no resize is pending: csi-resizer
+    (ControllerExpandVolume) and the kubelet (NodeExpandVolume) both did their part."""
     obj = get_json(cp, "pvc", claim_name, "-n", NS)
-    conds = obj.get("status", {}).get("conditions") or []
-    return any(c["type"] == "FileSystemResizePending" for c in conds)
+    status = obj.get("status", {})
+    conds = [c["type"] for c in status.get("conditions") or []]
+    want = obj.get("spec", {}).get("resources", {}).get("requests", {}).get("storage")
+    return (
+        bool(want)
+        and status.get("capacity", {}).get("storage") == want
+        and not ({"Resizing", "FileSystemResizePending"} & set(conds))
+    )
+
+
+def restarts(cp: ControlPlane, namespace: str) -> list[str]:
+    """pod/container (restarts) for every container in ``namespace`` that was restarted."""
+    return [f"{p['metadata']['name']}/{s['name']} ({s['restartCount']})"
+            for p in items(cp, "pods", "-n", namespace)
+            for s in p.get("status", {}).get("containerStatuses") or []
+            if s.get("restartCount")]  # fmt: skip
 
 
 def nothing_left(cp: ControlPlane) -> bool:
     return not any(items(cp, kind) for kind in
                    ("pv", "logicalvolumes.topolvm.io", "volumesnapshotcontents"))  # fmt: skip
-
-
-# --- the test bed ----------------------------------------------------------------------------
-
-NEEDED = (*CLUSTER_BINARIES, *SIDECAR_BINARIES)
-WORK = gobuild.ROOT / ".cache" / "demo"
-LV_CRDS = ("logicalvolumes.topolvm.io", "logicalvolumes.topolvm.cybozu.com")
-
-
-def tools() -> dict[str, Path]:
-    """The pinned Kubernetes components (built on the first run) and helm, fetched before the
-    process leaves the machine's network namespace."""
-    wanted = set(NEEDED)
-    cold = [g for g in gobuild.GROUPS if (set(g.binaries) | set(g.files)) & wanted
-            and not (gobuild.cache_dir(g) / ".complete").exists()]  # fmt: skip
-    if cold:
-        say("  first run: building Kubernetes components from Go modules, this takes a few "
-            f"minutes (up to {sum(g.cold_minutes for g in cold)} on 2 cores with empty Go "
-            f"caches; kept in {gobuild.CACHE})")  # fmt: skip
-    bins = gobuild.ensure(*NEEDED)
-    pins = gobuild.versions()
-    built = [f"{name} {pins.get(pkg, '?')}" for g in gobuild.GROUPS
-             for name, pkg in g.binaries.items()
-             if name in wanted and name != "kubectl"]  # fmt: skip
-    say(f"  built from pinned Go modules: {', '.join(built)}")
-    helm_bin = helm.helm()
-    version = subprocess.run([str(helm_bin), "version", "--short"], capture_output=True,
-                             text=True, check=False).stdout.strip()  # fmt: skip
-    say(f"  helm {version} ({helm_bin})")
-    return bins
-
-
-def keep_node_log(node: UmlNode) -> None:
-    """topolvm-node's whole log beside the guest's console, for a failed run."""
-    with contextlib.suppress(Exception):
-        (node.workdir / f"{node.name}.topolvm-node.log").write_text(node.node_log(lines=0))
-
-
-@dataclass
-class DemoBed(Testbed):
-    """The test bed (devtools/testbed/bed.py) as step 1 starts it, and once the chart is
-    installed its processes; :meth:`stop_all` stops them all."""
-
-    before_node_stop: Callable[[UmlNode], None] | None = keep_node_log
-    controller: ControllerPod | None = None
-    node_pods: bool = False
-
-    def logs(self) -> str:
-        """Tails of the driver's logs, for a timeout message."""
-        logs = self.controller.logs() if self.controller else {}
-        parts = [f"{name}:\n{indent(text[-1500:])}" for name, text in logs.items()]
-        for n in self.nodes if self.node_pods else []:
-            with contextlib.suppress(Exception):
-                parts.append(f"topolvm-node on {n.name}:\n{indent(n.node_log(lines=15))}")
-        return "\n".join(parts)
-
-    def start_cluster(self) -> None:
-        shutil.rmtree(self.workdir, ignore_errors=True)
-        # A fresh cluster has no LogicalVolume CRDs: the chart installs them. (Deleting the test
-        # bed's right after it applied them could hang in the API server's CRD finalizer.)
-        cp = self.start_control_plane(crds=False)
-        say(f"  control plane up in {cp.started_in:.1f}s: etcd, kube-apiserver, "
-            f"kube-controller-manager, kube-scheduler (logs in {cp.workdir / 'logs'})")  # fmt: skip
-        self.start_snapshot_controller()
-        say("  cluster add-ons, as on any cluster with snapshots: VolumeSnapshot CRDs, "
-            "snapshot-controller")  # fmt: skip
-        for index, (name, size) in enumerate(NODE_VG_GIB.items(), start=1):
-            node = self.start_node(name, index, size, disks=(size * GiB,))
-            node.lvm("lvcreate", "-T", "vg1/pool0", "-L", f"{THIN_POOL_GIB}g")
-            say(f"  {name}: UML guest at {node.address}, VG vg1 of {size} GiB on "
-                f"{node.disk_devices[0]} with thin pool pool0 ({THIN_POOL_GIB} GiB); "
-                "Node and CSINode registered")  # fmt: skip
-        self.defer("the chart's processes", self.stop_chart)  # step 2 starts them
-
-    def stop_chart(self) -> None:
-        if self.controller is not None:
-            self.controller.stop()
-            self.controller = None
-        if self.node_pods:
-            self.node_pods = False
-            for n in self.nodes:
-                with contextlib.suppress(Exception):
-                    n.stop_topolvm_node()
-
-    def stop_all(self, verbose: bool = False) -> None:
-        """Stop whatever runs; safe to call twice. Each part is stopped whatever the others do."""
-        self.teardown(warn=lambda line: say(f"  {line}"))
-        if verbose:
-            say("  stopped: UML nodes (their disks were in /dev/shm, gone), snapshot-controller, "
-                "control plane; the network namespace ends with this process")  # fmt: skip

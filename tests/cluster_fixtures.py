@@ -24,9 +24,9 @@ from lightkube.resources.core_v1 import Node, Pod
 
 from devtools import gobuild
 from devtools.testbed.bed import CLUSTER_BINARIES, Testbed
+from devtools.testbed.chart import Release
 from devtools.testbed.controlplane import GUEST_SUBNETS, ControlPlane
-from devtools.testbed.driver import SIDECAR_BINARIES, DriverStack
-from devtools.testbed.kubelet import KubeletStandIn
+from devtools.testbed.driver import SIDECAR_BINARIES, DriverStack, csidriver
 from devtools.testbed.process import Child, http_get
 from devtools.testbed.umlnode import UmlNode
 from topolvm.k8s import api
@@ -267,30 +267,24 @@ def session_controller_paused() -> Iterator[None]:
             stack.restart_after_crash()
 
 
-@pytest.fixture
-async def kubelet(
-    cluster_client: AsyncClient,
-) -> AsyncIterator[Callable[[list[UmlNode]], KubeletStandIn]]:
-    """``kubelet(nodes)``: the kubelet stand-in for those UML nodes. Its root, standing for
-    /var/lib/kubelet, is /run/kubelet on each node: the guest's own tmpfs, so nothing the
-    node makes there (mount points, block device files) lands on the host."""
-    made: list[KubeletStandIn] = []
-
-    def make(nodes: list[UmlNode]) -> KubeletStandIn:
-        by_name = {n.name: n for n in nodes}
-
-        async def mkdir(node: str, path: str) -> None:
-            await by_name[node].aexec("mkdir", "-p", path)
-
-        k = KubeletStandIn(
-            cluster_client, {n.name: n.csi_target for n in nodes}, mkdir, root="/run/kubelet"
-        )
-        made.append(k)
-        return k
-
-    yield make
-    for k in made:
-        await k.close()
+@contextlib.contextmanager
+def chart_release(
+    control_plane: ControlPlane, driver: DriverStack, prefix: str
+) -> Iterator[Release]:
+    """A release of charts/topolvm (not yet installed) in a namespace of its own, while the
+    session's controller and sidecars are paused. At the end it is uninstalled (leave its nodes
+    running until then, so that their kubelets stop its pods), the namespace deleted and the
+    session's CSIDriver, which the release takes over (``--take-ownership``), given back."""
+    release = Release(control_plane, unique("tl"), unique(prefix))
+    with session_controller_paused():
+        try:
+            yield release
+        finally:
+            try:
+                release.uninstall()
+                control_plane.kubectl("delete", "namespace", release.namespace, "--wait=false")
+            finally:
+                control_plane.apply(csidriver(driver.plugin))
 
 
 async def node_annotations(client: AsyncClient, node: str) -> dict[str, str]:

@@ -269,19 +269,27 @@ class Scenario:
         self.apply(storage_class(name, names=self.names, **kw))
         return name
 
-    async def delete_pod(self, name: str) -> None:
-        """Delete the pod and wait until it is gone: its kubelet stopped it and unpublished
-        its volumes (forced on a node without a kubelet, which never confirms)."""
-        obj = await api.get(self.client, Pod, name, namespace=NS)
-        node = (obj or {}).get("spec", {}).get("nodeName")
-        if obj is not None and any(n.kubelet and n.name == node for n in self.nodes):
-            await asyncio.to_thread(self.cp.kubectl, "delete", "pod", name, "-n", NS,
-                                    "--ignore-not-found", "--timeout=120s")  # fmt: skip
-        else:
-            self.cp.kubectl("delete", "pod", name, "-n", NS, "--grace-period=0", "--force",
+    async def delete_pod(self, *names: str) -> None:
+        """Delete the pods and wait until they are gone: their kubelets stopped them and
+        unpublished their volumes (forced on a node without a kubelet, which never confirms)."""
+        kubelets = {n.name for n in self.nodes if n.kubelet}
+        graceful: list[str] = []
+        forced: list[str] = []
+        for name in names:
+            obj = await api.get(self.client, Pod, name, namespace=NS)
+            if obj is not None:
+                on_kubelet = obj["spec"].get("nodeName") in kubelets
+                (graceful if on_kubelet else forced).append(name)
+        if graceful:
+            await asyncio.to_thread(self.cp.kubectl, "delete", "pod", *graceful, "-n", NS,
+                                    "--ignore-not-found", "--timeout=180s",
+                                    timeout=200)  # fmt: skip
+        if forced:
+            self.cp.kubectl("delete", "pod", *forced, "-n", NS, "--grace-period=0", "--force",
                             "--ignore-not-found", check=False)  # fmt: skip
-        if name in self.pods:
-            self.pods.remove(name)
+        for name in names:
+            if name in self.pods:
+                self.pods.remove(name)
 
     async def running(self, name: str, timeout: float = 180) -> list[Published]:
         """Wait until the pod's containers run (its kubelet published every volume); what it
@@ -323,8 +331,8 @@ class Scenario:
         await eventually(f"{claim_name} expanded", done, timeout=timeout)
 
     async def clean(self) -> None:
-        for name in list(self.pods):
-            await self.delete_pod(name)
+        if self.pods:
+            await self.delete_pod(*self.pods)
         cp = self.cp
         if self.snapshots:
             cp.kubectl("delete", "volumesnapshot", *self.snapshots, "-n", NS, "--wait=false",

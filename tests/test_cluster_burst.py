@@ -1,14 +1,14 @@
 """Burst: 30 pods with one PVC each, created at once, on 3 UML nodes that together fit exactly
-30 volumes. Every pod must get its volume and run, and no node may be promised more than it
-has: CreateVolume checks the node's free space minus the volumes in flight there and answers
-RESOURCE_EXHAUSTED otherwise, so csi-provisioner asks kube-scheduler for another node."""
+30 volumes. Every pod must get its volume and its container run (real kubelets), and no node
+may be promised more than it has: CreateVolume checks the node's free space minus the volumes in
+flight there and answers RESOURCE_EXHAUSTED otherwise, so csi-provisioner asks kube-scheduler
+for another node."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,9 +17,7 @@ from lightkube.resources.core_v1 import Pod
 
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import DriverStack
-from devtools.testbed.kubelet import KubeletStandIn
 from devtools.testbed.process import http_get
-from devtools.testbed.umlnode import UmlNode
 from tests.cluster_fixtures import UmlNodes, unique
 from tests.helpers import eventually
 from tests.lvm_fixtures import THICK
@@ -46,15 +44,14 @@ async def test_thirty_pods_at_once_fill_three_nodes_exactly(
     control_plane: ControlPlane,
     driver: DriverStack,
     uml_nodes: UmlNodes,
-    kubelet: Callable[[list[UmlNode]], KubeletStandIn],
     cluster_client: AsyncClient,
 ) -> None:
     # 11.01 GiB VGs: 2818 extents of 4 MiB; minus the 1 GiB spare that is room for exactly
     # ten 1 GiB volumes per node by the capacity annotations (lvmd itself would take 11).
-    nodes = uml_nodes(3, vg_gib=[11.01] * 3)
+    nodes = uml_nodes(3, vg_gib=[11.01] * 3, kubelet=True)
     for n in nodes:
         n.start_topolvm_node(control_plane, [THICK])
-    s = Scenario(control_plane, cluster_client, nodes, kubelet(nodes))
+    s = Scenario(control_plane, cluster_client, nodes)
     await s.record()
     for name, ann in s.before.items():
         assert int(ann["capacity.topolvm.io/ssd"]) // GiB == 10, (name, ann)
@@ -68,25 +65,16 @@ async def test_thirty_pods_at_once_fill_three_nodes_exactly(
         for app, data in names:
             objs += [claim(data, sc, "1Gi"), pod(app, s.group, [data])]
         s.apply(*objs)
-        standin = s.kubelet
-        assert standin is not None
-        running: set[str] = set()
+        apps = {app for app, _ in names}
 
-        async def start_ready() -> bool:
-            for app, _ in names:
-                if app in running:
-                    continue
-                obj = await api.get(cluster_client, Pod, app, namespace=NS)
-                if obj is None or not obj["spec"].get("nodeName"):
-                    continue
-                try:
-                    await standin.start_pod(app)
-                except AssertionError:
-                    continue  # its claim is not bound yet
-                running.add(app)
-            return len(running) == PODS
+        async def all_running() -> bool:
+            items, _ = await api.list_all(cluster_client, Pod, namespace=NS)
+            up = {p["metadata"]["name"] for p in items if p["metadata"]["name"] in apps
+                  and all(c.get("ready") for c in p.get("status", {}).get("containerStatuses")
+                          or [{}])}  # fmt: skip
+            return len(up) == PODS
 
-        await eventually(f"{PODS} pods Running", start_ready, timeout=600)
+        await eventually(f"{PODS} pods Running", all_running, timeout=900)
         elapsed = time.monotonic() - started
         after = http_get(metrics_url).decode()
 

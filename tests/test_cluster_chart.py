@@ -1,54 +1,47 @@
-"""The Helm chart installed into the real control plane: every object it renders is accepted,
-and the controller (with the chart's csi-provisioner, csi-resizer and csi-snapshotter) and
-topolvm-node run exactly as the chart starts them, with their ServiceAccounts' tokens, through a
-whole volume life cycle (create, mount, resize, snapshot, delete, node deletion) with no 403.
-Then ``helm upgrade`` into extender mode and back adds and removes the webhook configuration.
+"""The Helm chart as it ships: ``helm install`` with the test bed's values (image tags, pull
+policy, built-in kubelet registration and liveness endpoints, a node selector:
+devtools/testbed/chart.py) on real Kubernetes nodes, whose kubelets run the chart's pods in
+containerd with the securityContext, mounts and probes the chart renders. Users' busybox pods
+then take volumes through a whole life cycle (create, mount, write, online resize, thin snapshot
+and restore, delete, node deletion) with no 403 in any container's log. ``helm upgrade`` into
+extender mode runs topolvm-scheduler as the chart's Deployment and the pod webhook (reached by
+the API server at its Service's endpoint), and back again leaves no webhook behind.
 
-No kubelet runs the chart's pods (devtools.testbed.chartpods runs their containers); the
-session's own controller and sidecars are paused meanwhile, and its CSIDriver is taken over by
-the release (``--take-ownership``) and given back afterwards.
+Each test has its own nodes; the session's own controller and sidecars are paused meanwhile,
+and its CSIDriver is taken over by the release (``--take-ownership``) and given back afterwards.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node, PersistentVolume, Pod
 
-from devtools import gobuild
-from devtools.testbed.chartpods import (
-    ControllerPod,
-    Release,
-    SchedulerPod,
-    forbidden_lines,
-    scheduler_stanza,
-    start_node_pod,
-)
+from devtools.testbed import chart
+from devtools.testbed.chart import Release, forbidden_lines
 from devtools.testbed.controlplane import ControlPlane
-from devtools.testbed.driver import DriverStack, csidriver
-from devtools.testbed.kubelet import KubeletStandIn
-from devtools.testbed.process import http_get
+from devtools.testbed.driver import DriverStack
+from devtools.testbed.process import HarnessError, http_get
 from devtools.testbed.umlnode import UmlNode
-from tests.cluster_fixtures import UmlNodes, session_controller_paused, unique
+from tests.cluster_fixtures import GROUP_LABEL, UmlNodes, chart_release, unique
 from tests.helpers import eventually
 from tests.lvm_fixtures import THICK, THIN
-from tests.provisioning import NS, Scenario, bound, claim, pod, pvc, scheduled
+from tests.provisioning import NS, GiB, Scenario, bound, claim, pod, pvc, scheduled
 from topolvm.constants import NORMAL
 from topolvm.k8s import api
 
 pytestmark = pytest.mark.cluster
 
-ROOT = Path(__file__).resolve().parent.parent
-CHART = ROOT / "charts" / "topolvm"
-RELEASE_NS = "topolvm-chart"
+Obj = dict[str, Any]
 LV = api.logicalvolume_resource(NORMAL)
-VALUES: dict[str, Any] = {
+COMPONENT = "app.kubernetes.io/component"
+VALUES: Obj = {
     "lvmd": {"managed": False, "deviceClasses": [THICK, {**THIN, "spare-gb": 0}]},
     "node": {"lvmdEmbedded": True},
     "controller": {"replicaCount": 1},
@@ -62,106 +55,149 @@ VALUES: dict[str, Any] = {
             "additionalParameters": {"topolvm.io/device-class": "thin"}}},
     ],
 }  # fmt: skip
+# The control plane runs on the host, not on nodes: the DaemonSet type (host network on the
+# control-plane nodes, reached at 127.0.0.1) cannot apply, so the Deployment behind a Service.
+EXTENDER: Obj = {
+    **VALUES,
+    "scheduler": {"enabled": True, "type": "deployment", "affinity": None,
+                  "service": {"type": "ClusterIP"}, "deployment": {"replicaCount": 1}},
+    "webhook": {"certManager": False, "podMutatingWebhook": {"enabled": True}},
+}  # fmt: skip
 
 
 @pytest.fixture
 def release(control_plane: ControlPlane, driver: DriverStack) -> Iterator[Release]:
-    rel = Release(control_plane, CHART, unique("tl"), RELEASE_NS)
-    with session_controller_paused():
-        try:
-            yield rel
-        finally:
-            try:
-                rel.uninstall()
-            finally:
-                control_plane.apply(csidriver(driver.plugin))  # the session's, taken over
+    """A release in a namespace of its own (list ``uml_nodes`` first, so that their kubelets
+    still stop its pods at the end)."""
+    with chart_release(control_plane, driver, "topolvm-chart") as rel:
+        yield rel
 
 
-async def controller_pod_name(client: AsyncClient, release: Release) -> str:
-    """A Pod of the chart's controller Deployment (kube-controller-manager makes them)."""
-
-    async def check() -> str | None:
-        items, _ = await api.list_all(
-            client, Pod, namespace=release.namespace,
-            labels={"app.kubernetes.io/instance": release.name,
-                    "app.kubernetes.io/component": "controller"},
-        )  # fmt: skip
-        return str(items[0]["metadata"]["name"]) if items else None
-
-    def details() -> str:
-        return release.cp.kubectl("get", "deployments,replicasets,events", "-n",
-                                  release.namespace, check=False)  # fmt: skip
-
-    name: str = await eventually("a controller Pod object", check, timeout=60, details=details)
-    return name
-
-
-@pytest.fixture
-async def running(
-    release: Release,
-    uml_nodes: UmlNodes,
-    cluster_client: AsyncClient,
-    tmp_path: Path,
-) -> AsyncIterator[tuple[ControllerPod, list[UmlNode]]]:
-    nodes = uml_nodes(2, vg_gib=[8, 8])
-    out = release.install(VALUES, "--take-ownership")
-    assert "Storage Capacity Tracking" in out
-    [cm] = [d for d in release.manifest() if d["kind"] == "ConfigMap"
-            and "lvmd.yaml" in d.get("data", {})]  # fmt: skip
+def chart_nodes(uml_nodes: UmlNodes, vg_gib: list[float]) -> list[UmlNode]:
+    """Kubernetes nodes with the chart's images, each with thin pool ``vg1/pool0`` (2 GiB) for
+    device class ``thin`` besides ``ssd``."""
+    nodes = uml_nodes(len(vg_gib), vg_gib=vg_gib, kubelet=True, driver_images=True)
     for n in nodes:
         n.lvm("lvcreate", "-T", "vg1/pool0", "-L", "2g")
-        start_node_pod(release, n, cm["data"]["lvmd.yaml"])
-    bins = gobuild.ensure("csi-provisioner", "csi-resizer", "csi-snapshotter")
-    pod_name = await controller_pod_name(cluster_client, release)
-    controller = ControllerPod(release, bins, tmp_path / "controller", pod_name).start()
-    try:
-        yield controller, nodes
-    finally:
-        controller.stop()
-        for n in nodes:
-            n.stop_topolvm_node()
+    return nodes
 
 
-def logs_of(controller: ControllerPod, nodes: list[UmlNode]) -> dict[str, str]:
-    logs = controller.logs()
-    for n in nodes:
-        logs[n.name] = n.node_log(lines=0)
-    return logs
+def with_testbed(values: Obj, nodes: list[UmlNode]) -> Obj:
+    return chart.merged(values, chart.testbed_values({GROUP_LABEL: nodes[0].labels[GROUP_LABEL]}))
 
 
-async def test_chart_runs_a_volume_life_cycle_with_service_account_tokens(
-    running: tuple[ControllerPod, list[UmlNode]],
-    kubelet: Callable[[list[UmlNode]], KubeletStandIn],
-    cluster_client: AsyncClient,
-    control_plane: ControlPlane,
+def contains(actual: Any, rendered: Any) -> bool:
+    """``rendered`` is in ``actual``: every key of a dict, every item of a list (the API server
+    adds defaults and the ServiceAccount token's volume, but drops nothing)."""
+    if isinstance(rendered, dict):
+        return isinstance(actual, dict) and all(
+            k in actual and contains(actual[k], v) for k, v in rendered.items()
+        )
+    if isinstance(rendered, list):
+        return isinstance(actual, list) and all(any(contains(a, r) for a in actual)
+                                                for r in rendered)  # fmt: skip
+    return bool(actual == rendered)
+
+
+async def running_as_rendered(release: Release, expected: int) -> list[Obj]:
+    """Until ``expected`` pods of the release run (none terminating), every container ready;
+    each has the securityContext, volumes, mounts and probes its workload in the release's
+    manifest renders."""
+
+    def settled() -> bool:
+        return not [p for p in release.pods() if p["metadata"].get("deletionTimestamp")]
+
+    await eventually("no pod of the release terminating", lambda: asyncio.to_thread(settled),
+                     timeout=180, details=release.describe)  # fmt: skip
+    pods: list[Obj] = await asyncio.to_thread(release.wait_running, expected, 600)
+    workloads = [d for d in release.manifest() if d["kind"] in ("Deployment", "DaemonSet")]
+    templates = {
+        d["metadata"]["labels"][COMPONENT]: d["spec"]["template"]["spec"] for d in workloads
+    }
+    for p in pods:
+        name, got = p["metadata"]["name"], p["spec"]
+        want = templates[p["metadata"]["labels"][COMPONENT]]
+        for key in ("serviceAccountName", "securityContext", "hostPID", "volumes"):
+            if key in want:
+                assert contains(got.get(key), want[key]), (name, key, want[key], got.get(key))
+        for c in want["containers"]:
+            [run] = [r for r in got["containers"] if r["name"] == c["name"]]
+            assert (run["image"], run["command"]) == (c["image"], c["command"]), name
+            for key in ("securityContext", "volumeMounts", "ports", "livenessProbe",
+                        "readinessProbe"):  # fmt: skip
+                if key in c:
+                    assert contains(run.get(key), c[key]), (name, c["name"], key, c[key])
+    return pods
+
+
+async def rolled_out(release: Release, component: str) -> None:
+    """Until the component's Deployment has rolled out (``kubectl rollout status``)."""
+    name = release.workload("Deployment", component)["metadata"]["name"]
+
+    def done() -> bool:
+        out = release.cp.kubectl("rollout", "status", f"deployment/{name}", "-n",
+                                 release.namespace, "--timeout=1s", check=False)  # fmt: skip
+        return "successfully rolled out" in out
+
+    await eventually(f"{name} rolled out", lambda: asyncio.to_thread(done), timeout=600,
+                     details=release.describe)  # fmt: skip
+
+
+def healthy(release: Release) -> None:
+    """No container of the release restarted, and no liveness probe failed twice: a broken
+    probe fails every period (60 s); one failure may be a slow start on a busy UML node (the
+    first probe comes 10 s after the start) and restarts nothing (failureThreshold 3)."""
+    restarts = {f"{p['metadata']['name']}/{s['name']}": s["restartCount"]
+                for p in release.pods() for s in p["status"].get("containerStatuses") or []
+                if s["restartCount"]}  # fmt: skip
+    assert not restarts, f"{restarts}\n{release.describe()}"
+    out = release.cp.kubectl("get", "events", "-n", release.namespace, "-o", "json",
+                             "--field-selector=reason=Unhealthy")  # fmt: skip
+    liveness = [(e["involvedObject"]["name"], e.get("count") or 1, e["message"])
+                for e in json.loads(out)["items"]
+                if e["message"].startswith("Liveness")]  # fmt: skip
+    assert not [f for f in liveness if f[1] > 1], liveness
+
+
+def no_forbidden(logs: dict[str, str]) -> None:
+    denied = {name: lines for name, text in logs.items() if (lines := forbidden_lines(text))}
+    assert not denied, denied
+
+
+def node_named(nodes: list[UmlNode], name: str) -> UmlNode:
+    return next(n for n in nodes if n.name == name)
+
+
+async def test_chart_pods_run_a_volume_life_cycle(
+    uml_nodes: UmlNodes, release: Release, cluster_client: AsyncClient, control_plane: ControlPlane
 ) -> None:
-    controller, nodes = running
-    s = Scenario(control_plane, cluster_client, nodes, kubelet(nodes))
+    cp, client = control_plane, cluster_client
+    nodes = chart_nodes(uml_nodes, [8, 8])
+    notes = release.install(with_testbed(VALUES, nodes), "--take-ownership")
+    assert "Storage Capacity Tracking" in notes
+    await running_as_rendered(release, 3)  # topolvm-node on each node, the controller
+    s = Scenario(cp, client, nodes)
     await s.record()
     try:
-        # create and mount (thick, xfs), then resize online
+        # create, mount and write (thick, xfs), then grow it under the running container
         data, app = unique("data"), unique("app")
         s.apply(claim(data, "chart-ssd", "1Gi"), pod(app, s.group, [data]))
-        await scheduled(cluster_client, app, timeout=180)
-        pv_name = (await bound(cluster_client, data))["spec"]["volumeName"]
-        await s.kubelet.start_pod(app)  # type: ignore[union-attr]
+        [fs] = await s.running(app, timeout=300)
+        node = node_named(nodes, await scheduled(client, app))
+        s.exec(app, f"echo written > /{data}/file && sync")
+        assert node.exec("cat", f"{fs.target}/file").stdout == "written\n"  # on the LV
         grow = {"spec": {"resources": {"requests": {"storage": "2Gi"}}}}
-        s.cp.kubectl("patch", "pvc", data, "-n", NS, "--type=merge", "-p", json.dumps(grow))
+        cp.kubectl("patch", "pvc", data, "-n", NS, "--type=merge", "-p", json.dumps(grow))
+        await s.expanded(data, timeout=180)  # the chart's csi-resizer, then the kubelet
+        assert int(node.lvs("vg1")[fs.volume_id]["lv_size"]) == 2 * GiB
+        seen = int(s.exec(app, f"df -k /{data} | tail -1").split()[-5]) * 1024  # in the container
+        assert seen > GiB + GiB // 2
 
-        async def pending() -> bool:  # the chart's csi-resizer -> ControllerExpandVolume
-            obj = await pvc(cluster_client, data)
-            conds = (obj or {}).get("status", {}).get("conditions") or []
-            return any(c["type"] == "FileSystemResizePending" for c in conds)
-
-        await eventually("the controller's part of the resize", pending, timeout=120)
-        await s.kubelet.expand_pvc(app, data)  # type: ignore[union-attr]
-        claimed = await pvc(cluster_client, data)
-        assert claimed is not None and claimed["status"]["capacity"]["storage"] == "2Gi"
-
-        # a thin volume and a snapshot of it, through the chart's csi-snapshotter
-        thin, app2, vsc, snap = unique("thin"), unique("app"), unique("vsc"), unique("snap")
-        s.apply(claim(thin, "chart-thin", "1Gi"), pod(app2, s.group, [thin]))
-        await bound(cluster_client, thin, timeout=180)
+        # a thin volume, a snapshot through the chart's csi-snapshotter, a restore read back
+        thin, writer, vsc, snap = unique("thin"), unique("app"), unique("vsc"), unique("snap")
+        s.apply(claim(thin, "chart-thin", "1Gi"), pod(writer, s.group, [thin]))
+        await s.running(writer, timeout=300)
+        s.exec(writer, f"echo before > /{thin}/file && sync")
         s.apply({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotClass",
                  "metadata": {"name": vsc}, "driver": "topolvm.io", "deletionPolicy": "Delete"},
                 {"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
@@ -170,145 +206,171 @@ async def test_chart_runs_a_volume_life_cycle_with_service_account_tokens(
                           "source": {"persistentVolumeClaimName": thin}}})  # fmt: skip
 
         def ready() -> bool:
-            out = s.cp.kubectl("get", "volumesnapshot", snap, "-n", NS, "-o", "json", check=False)
+            out = cp.kubectl("get", "volumesnapshot", snap, "-n", NS, "-o", "json", check=False)
             return bool(out and json.loads(out).get("status", {}).get("readyToUse"))
 
-        await eventually(f"snapshot {snap} ready", lambda: asyncio.to_thread(ready), timeout=120)
+        await eventually(f"snapshot {snap} ready", lambda: asyncio.to_thread(ready), timeout=180)
+        s.exec(writer, f"echo after >> /{thin}/file && sync")
+        restored, reader = unique("restored"), unique("app")
+        source = {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": snap}
+        reading = pod(reader, s.group, [restored])  # a thin snapshot is in its origin's pool
+        reading["spec"]["nodeSelector"]["kubernetes.io/hostname"] = await scheduled(client, writer)
+        s.apply(claim(restored, "chart-thin", "1Gi", source=source), reading)
+        await s.running(reader, timeout=300)
+        assert s.exec(reader, f"cat /{restored}/file") == "before\n"
 
-        # delete the first volume: csi-provisioner's DeleteVolume removes PV and LogicalVolume
+        # delete the first volume: csi-provisioner's DeleteVolume removes PV, LogicalVolume, LV
+        pv_name = (await bound(client, data))["spec"]["volumeName"]
         await s.delete_pod(app)
-        s.cp.kubectl("delete", "pvc", data, "-n", NS, "--wait=false")
+        cp.kubectl("delete", "pvc", data, "-n", NS, "--wait=false")
 
         async def deleted() -> bool:
-            return (await api.get(cluster_client, PersistentVolume, pv_name) is None
-                    and await api.get(cluster_client, LV, pv_name) is None)  # fmt: skip
+            return (await api.get(client, PersistentVolume, pv_name) is None
+                    and await api.get(client, LV, pv_name) is None)  # fmt: skip
 
-        await eventually("PV and LogicalVolume deleted", deleted, timeout=120)
+        await eventually("PV and LogicalVolume deleted", deleted, timeout=180)
+        assert fs.volume_id not in node.lvs("vg1")
     finally:
         await s.clean()  # snapshots, claims, classes: asserts no LV and no annotation change left
 
-    # node deletion: the controller deletes the node's claims and volumes, then the Node goes
+    # node deletion: a drained node whose kubelet stopped is deleted; the controller deletes
+    # the claims scheduled there and the node's volumes, then the Node goes
     doomed = nodes[1]
-    last, app3 = unique("data"), unique("app")
-    placed = pod(app3, s.group, [last])
+    last, app4 = unique("data"), unique("app")
+    placed = pod(app4, s.group, [last])
     placed["spec"]["nodeSelector"]["kubernetes.io/hostname"] = doomed.name
-    control_plane.apply(claim(last, "chart-ssd", "1Gi"), placed)
-    await bound(cluster_client, last, timeout=180)
-    doomed.stop_topolvm_node()
-    control_plane.kubectl("delete", "pod", app3, "-n", NS, "--grace-period=0", "--force")
-    control_plane.kubectl("delete", "node", doomed.name, "--wait=false")
+    cp.apply(claim(last, "chart-ssd", "1Gi"), placed)
+    try:
+        await s.running(app4, timeout=300)
+        lv_name = (await bound(client, last))["spec"]["volumeName"]
+        await s.delete_pod(app4)  # drained: its kubelet unpublishes the volume
+        logs = release.logs()  # kubectl logs reads through the kubelets: before one stops
+        doomed.signal("kubelet", "SIGTERM", wait=30)
+        cp.kubectl("delete", "node", doomed.name, "--wait=false")
 
-    async def cleaned() -> bool:
-        return (await api.get(cluster_client, Node, doomed.name) is None
-                and await pvc(cluster_client, last) is None)  # fmt: skip
+        async def cleaned() -> bool:
+            return (await api.get(client, Node, doomed.name) is None
+                    and await pvc(client, last) is None
+                    and await api.get(client, LV, lv_name) is None)  # fmt: skip
 
-    await eventually("the Node and its claim removed", cleaned, timeout=120)
-
-    denied = {name: lines for name, text in logs_of(controller, nodes).items()
-              if (lines := forbidden_lines(text))}  # fmt: skip
-    assert not denied, denied
-
-
-EXTENDER: dict[str, Any] = {
-    **VALUES,
-    "scheduler": {"enabled": True},
-    "webhook": {"certManager": False, "podMutatingWebhook": {"enabled": True}},
-}
+        await eventually("the Node, its claim and its LogicalVolume removed", cleaned,
+                         timeout=180)  # fmt: skip
+    finally:
+        cp.kubectl("delete", "pvc", last, "-n", NS, "--wait=false", check=False)
+    logs.update({k: v for k, v in release.logs().items() if v})  # the doomed node's: unreadable
+    no_forbidden(logs)
+    healthy(release)
 
 
-def webhook_configurations(cp: ControlPlane, release: Release) -> list[dict[str, Any]]:
+def webhook_configurations(cp: ControlPlane, release: Release) -> list[Obj]:
     out = cp.kubectl("get", "mutatingwebhookconfigurations", "-o", "json")
     mine = {"app.kubernetes.io/instance": release.name}
     return [w for w in json.loads(out)["items"]
             if mine.items() <= w["metadata"].get("labels", {}).items()]  # fmt: skip
 
 
+def scheduler_stanza(notes: str, url: str) -> list[Obj]:
+    """The ``extenders`` of the KubeSchedulerConfiguration the chart's NOTES print, with the
+    extender's URL replaced by ``url``: the host's kube-scheduler has no cluster DNS."""
+    lines = notes.splitlines()
+    start = next(i for i, line in enumerate(lines) if "apiVersion: kubescheduler" in line)
+    end = next((i for i in range(start, len(lines)) if not lines[i].strip()), len(lines))
+    config = yaml.safe_load("\n".join(line[4:] for line in lines[start:end]))
+    extenders: list[Obj] = config["extenders"]
+    for e in extenders:
+        e["urlPrefix"] = url
+    return extenders
+
+
+def extender_endpoint(release: Release) -> str | None:
+    """``http://<address>:<port>`` of a ready endpoint of the scheduler's Service."""
+    name = release.workload("Deployment", "scheduler")["metadata"]["name"]
+    out = release.cp.kubectl("get", "endpointslices", "-n", release.namespace, "-o", "json",
+                             "-l", f"kubernetes.io/service-name={name}")  # fmt: skip
+    for eps in json.loads(out)["items"]:
+        for ep in eps.get("endpoints") or []:
+            if ep.get("conditions", {}).get("ready") and eps.get("ports"):
+                return f"http://{ep['addresses'][0]}:{eps['ports'][0]['port']}"
+    return None
+
+
 async def test_upgrade_to_extender_mode_and_back_leaves_no_webhook_behind(
-    release: Release,
-    control_plane: ControlPlane,
-    cluster_client: AsyncClient,
-    tmp_path: Path,
+    uml_nodes: UmlNodes, release: Release, cluster_client: AsyncClient, control_plane: ControlPlane
 ) -> None:
-    cp = control_plane
-    release.install(VALUES, "--take-ownership")
+    cp, client = control_plane, cluster_client
+    nodes = chart_nodes(uml_nodes, [6, 6])
+    release.install(with_testbed(VALUES, nodes), "--take-ownership")
+    await running_as_rendered(release, 3)
     assert not webhook_configurations(cp, release)
 
-    notes = release.upgrade(EXTENDER)
-    assert "Scheduler extender" in notes and "kind: KubeSchedulerConfiguration" in notes
+    notes = release.upgrade(with_testbed(EXTENDER, nodes))
+    assert "Scheduler extender: topolvm-scheduler (deployment)" in notes, notes
+    assert "kind: KubeSchedulerConfiguration" in notes and "WARNING" not in notes
     assert len(webhook_configurations(cp, release)) == 1
-    assert "WARNING" not in notes
-    # the controller, as its ServiceAccount, makes its certificates and writes the caBundle
-    pod_name = await controller_pod_name(cluster_client, release)
-    bins = gobuild.ensure("csi-provisioner", "csi-resizer", "csi-snapshotter")
-    controller = ControllerPod(release, bins, tmp_path / "controller", pod_name).start()
+    await rolled_out(release, "controller")
+    await rolled_out(release, "scheduler")
+    await running_as_rendered(release, 4)  # + topolvm-scheduler
+
+    def ca_bundle() -> bool:  # the controller, as its ServiceAccount, wrote it
+        [h] = webhook_configurations(cp, release)
+        return all(w["clientConfig"].get("caBundle") for w in h["webhooks"])
+
+    await eventually("the caBundle written", lambda: asyncio.to_thread(ca_bundle), timeout=120)
+    # The host's kube-scheduler gets the stanza the NOTES print, at the Service's endpoint.
+    url: str = await eventually("a ready endpoint of the extender's Service",
+                                lambda: asyncio.to_thread(extender_endpoint, release),
+                                timeout=120)  # fmt: skip
+    profile = unique("chart-extender")
+    cp.start_scheduler(profile, scheduler_stanza(notes, url))
+    s = Scenario(cp, client, nodes)
+    await s.record()
     try:
+        data, app = unique("data"), unique("app")
+        s.apply(claim(data, "chart-ssd", "1Gi"))
+        s.pods.append(app)
 
-        def ca_bundle() -> bool:
-            [h] = webhook_configurations(cp, release)
-            return all(w["clientConfig"].get("caBundle") for w in h["webhooks"])
-
-        await eventually("the caBundle written", lambda: asyncio.to_thread(ca_bundle), timeout=60)
-        # The chart's topolvm-scheduler, as its ServiceAccount, behind a kube-scheduler given
-        # the stanza the NOTES print: a pod scheduled through it, and /status says it is wired.
-        scheduler = SchedulerPod(release, tmp_path / "scheduler").start()
-        profile = unique("chart-extender")
-        try:
-            await eventually("the extender serving /status",
-                             lambda: asyncio.to_thread(http_get, f"{scheduler.url}/status"),
-                             timeout=60)  # fmt: skip
-            cp.start_scheduler(profile, scheduler_stanza(notes, scheduler.url))
-            node, name, ns = unique("ext-node"), unique("via-extender"), unique("ext-ns")
-            cp.add_node(node)
-            # The webhook's Service is unreachable here (no kube-proxy): a namespace it skips.
-            cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {
-                "name": ns, "labels": {NORMAL.webhook_ignore_label: "ignore"}}})  # fmt: skip
-            spec = {"schedulerName": profile, "nodeSelector": {"kubernetes.io/hostname": node},
-                    "containers": [{"name": "c", "image": "registry.invalid/c:1"}]}  # fmt: skip
-            cp.apply({"apiVersion": "v1", "kind": "Pod",
-                      "metadata": {"name": name, "namespace": ns}, "spec": spec})  # fmt: skip
-
-            async def on_node() -> object:
-                obj = await api.get(cluster_client, Pod, name, namespace=ns)
-                return (obj or {}).get("spec", {}).get("nodeName")
-
+        def created() -> bool:  # the webhook's endpoint may lag its readiness a moment
             try:
-                assert await eventually("the pod scheduled", on_node, timeout=60) == node
-                status = json.loads(await asyncio.to_thread(http_get, f"{scheduler.url}/status"))
-                assert status["wired"].startswith("yes"), status
-            finally:
-                cp.kubectl("delete", "namespace", ns, "--wait=false")
-                cp.kubectl("delete", "pod", name, "-n", ns, "--force", "--grace-period=0")
-                cp.kubectl("delete", "node", node, "--wait=false")
-        finally:
-            cp.stop_scheduler(profile)
-            scheduler.stop()
-        assert not forbidden_lines(scheduler.log()), scheduler.log()
-    finally:
-        controller.stop()
-    denied = {n: lines for n, text in controller.logs().items()
-              if (lines := forbidden_lines(text))}  # fmt: skip
-    assert not denied, denied
+                cp.apply(pod(app, s.group, [data], scheduler=profile))
+            except HarnessError as exc:
+                if "failed calling webhook" not in str(exc):
+                    raise
+                return False
+            return True
 
-    notes = release.upgrade(VALUES)
+        await eventually("the pod admitted", lambda: asyncio.to_thread(created), timeout=60)
+        obj = await api.get(client, Pod, app, namespace=NS)
+        assert obj is not None
+        mutated = obj["metadata"].get("annotations") or {}
+        assert mutated.get(NORMAL.capacity_annotation("")) == str(GiB), mutated  # the webhook's
+        await s.running(app, timeout=300)
+        status = json.loads(await asyncio.to_thread(http_get, f"{url}/status"))
+        assert status["wired"].startswith("yes"), status  # kube-scheduler called the extender
+    finally:
+        await s.clean()
+        cp.stop_scheduler(profile)
+    no_forbidden(release.logs())
+    healthy(release)
+
+    notes = release.upgrade(with_testbed(VALUES, nodes))
     assert "Storage Capacity Tracking" in notes
     assert not webhook_configurations(cp, release), "a stale MutatingWebhookConfiguration"
-    # nothing intercepts pod creation any more: a plain pod is admitted and scheduled
-    name, node = unique("after"), unique("plain-node")
-    cp.add_node(node)  # a Node object only: somewhere to schedule to
-    spec = {"containers": [{"name": "c", "image": "registry.invalid/c:1"}],
-            "nodeSelector": {"kubernetes.io/hostname": node}}  # fmt: skip
-    cp.apply({"apiVersion": "v1", "kind": "Pod",
-              "metadata": {"name": name, "namespace": NS}, "spec": spec})  # fmt: skip
+    await rolled_out(release, "controller")
+
+    def no_scheduler_pods() -> bool:
+        return not [p for p in release.pods() if p["metadata"]["labels"][COMPONENT] == "scheduler"]
+
+    await eventually("the scheduler's pods gone", lambda: asyncio.to_thread(no_scheduler_pods),
+                     timeout=180)  # fmt: skip
+    # nothing intercepts pod creation any more: a pod with a volume is created as written
+    s = Scenario(cp, client, nodes)
+    await s.record()
     try:
-
-        async def placed() -> bool:
-            obj = await api.get(cluster_client, Pod, name, namespace=NS)
-            return bool(obj and obj["spec"].get("nodeName"))
-
-        await eventually(f"{name} scheduled", placed, timeout=60)
-        obj = await api.get(cluster_client, Pod, name, namespace=NS)
-        assert obj is not None and "topolvm.io/capacity" not in json.dumps(obj["spec"])
+        data, app = unique("data"), unique("app")
+        s.apply(claim(data, "chart-ssd", "1Gi"), pod(app, s.group, [data]))
+        obj = await api.get(client, Pod, app, namespace=NS)
+        assert obj is not None and not (obj["metadata"].get("annotations") or {})
+        await s.running(app, timeout=300)
     finally:
-        cp.kubectl("delete", "pod", name, "-n", NS, "--grace-period=0", "--force", check=False)
-        cp.kubectl("delete", "node", node, "--wait=false", check=False)
-        cp.kubectl("delete", "csinode", node, "--wait=false", check=False)
+        await s.clean()
+    no_forbidden(release.logs())

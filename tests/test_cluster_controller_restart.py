@@ -4,7 +4,7 @@ no orphan LV."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -13,7 +13,6 @@ from lightkube.resources.core_v1 import PersistentVolume, PersistentVolumeClaim
 
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import DriverStack
-from devtools.testbed.kubelet import KubeletStandIn
 from devtools.testbed.umlnode import UmlNode
 from tests.cluster_fixtures import unique
 from tests.helpers import eventually
@@ -31,8 +30,8 @@ def node(
     control_plane: ControlPlane, driver: DriverStack, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[UmlNode]]:
     with shared_nodes(
-        control_plane, tmp_path_factory.mktemp("crash"), "crash", [8], [THICK]
-    ) as nodes:
+        control_plane, tmp_path_factory.mktemp("crash"), "crash", [8], [THICK], kubelet=False
+    ) as nodes:  # no pods: the controller's side only
         yield nodes
 
 
@@ -41,10 +40,9 @@ async def one(
     control_plane: ControlPlane,
     driver: DriverStack,
     node: list[UmlNode],
-    kubelet: Callable[[list[UmlNode]], KubeletStandIn],
     cluster_client: AsyncClient,
 ) -> AsyncIterator[Scenario]:
-    s = Scenario(control_plane, cluster_client, node, kubelet(node))
+    s = Scenario(control_plane, cluster_client, node)
     await s.record()
     try:
         yield s

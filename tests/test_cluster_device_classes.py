@@ -10,7 +10,7 @@ thin-snapshot-restore, thin-volume-cloning), on one UML node with three VGs' wor
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -19,7 +19,6 @@ from lightkube.resources.core_v1 import PersistentVolume
 
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import DriverStack
-from devtools.testbed.kubelet import KubeletStandIn
 from devtools.testbed.umlnode import UmlNode
 from tests.cluster_fixtures import unique
 from tests.helpers import eventually
@@ -71,10 +70,9 @@ def classes_node(
 async def one(
     control_plane: ControlPlane,
     classes_node: list[UmlNode],
-    kubelet: Callable[[list[UmlNode]], KubeletStandIn],
     cluster_client: AsyncClient,
 ) -> AsyncIterator[Scenario]:
-    s = Scenario(control_plane, cluster_client, classes_node, kubelet(classes_node))
+    s = Scenario(control_plane, cluster_client, classes_node)
     await s.record()
     try:
         yield s
@@ -173,16 +171,14 @@ async def _ready_snapshot(s: Scenario, name: str) -> dict[str, Any]:
 async def test_thin_snapshot_restores_and_clone_outlive_their_source(one: Scenario) -> None:
     s = one
     node = s.nodes[0]
-    kubelet = s.kubelet
-    assert kubelet is not None
     thin = s.sc(device_class="thin", fs_type="xfs", binding="Immediate")
     vsc = unique("vsc")
     s.apply(_snapshot_class(vsc))
     src, app = unique("src"), unique("app")
     s.apply(claim(src, thin, "1Gi"), pod(app, s.group, [src]))
     await scheduled(s.client, app)
-    [fs] = await kubelet.start_pod(app)
-    node.exec("sh", "-c", f"echo snap > {fs.target}/file && sync")
+    [fs] = await s.running(app)
+    s.exec(app, f"echo snap > /{src}/file && sync")
 
     snap = unique("snap")
     s.apply({**SNAPSHOT, "metadata": {"name": snap, "namespace": NS},
@@ -216,8 +212,8 @@ async def test_thin_snapshot_restores_and_clone_outlive_their_source(one: Scenar
     reader = unique("reader")
     s.apply(pod(reader, s.group, [equal, larger, clone]))
     await scheduled(s.client, reader)
-    published = {p.pvc: p for p in await kubelet.start_pod(reader)}
+    await s.running(reader)
     for c in (equal, larger, clone):
-        assert node.exec("cat", f"{published[c].target}/file").stdout == "snap\n", c
-    df = int(node.exec("df", "-B1", "--output=size", published[larger].target).stdout.split()[-1])
+        assert s.exec(reader, f"cat /{c}/file") == "snap\n", c
+    df = int(s.exec(reader, f"df -k /{larger} | tail -1").split()[-5]) * 1024
     assert df > GiB + GiB // 2  # the larger restore's filesystem was grown on publish

@@ -1,13 +1,13 @@
 """A pod with TopoLVM PVCs in extender mode, end to end on the real control plane and UML nodes
 with real LVM: kube-scheduler + topolvm-scheduler pick the node with the most free space,
 csi-provisioner + topolvm-controller provision the claims there, the node makes the LVs, and the
-kubelet stand-in mounts them (a filesystem and a block volume); the filesystem then grows
-online (csi-resizer, ControllerExpandVolume, NodeExpandVolume)."""
+node's kubelet runs the pod's container with them (a filesystem and a block volume); the
+filesystem then grows online under the running container (csi-resizer, ControllerExpandVolume,
+the kubelet's NodeExpandVolume)."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,12 +16,11 @@ from lightkube.resources.core_v1 import PersistentVolume, PersistentVolumeClaim,
 
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import DriverStack
-from devtools.testbed.kubelet import KubeletStandIn
 from devtools.testbed.process import Child
-from devtools.testbed.umlnode import UmlNode
 from tests.cluster_fixtures import GROUP_LABEL, UmlNodes, node_annotations, pod_node, unique
 from tests.helpers import eventually
 from tests.lvm_fixtures import THICK
+from tests.provisioning import Scenario, busybox
 from topolvm.constants import NORMAL
 from topolvm.k8s import api
 
@@ -61,32 +60,16 @@ async def bound_volume(client: AsyncClient, pvc_name: str) -> tuple[str, str, st
     return str(node), str(pv["metadata"]["name"]), str(pv["spec"]["csi"]["volumeHandle"])
 
 
-async def grow(client: AsyncClient, pvc: str, size: str) -> None:
-    """The user asks for more; csi-resizer and topolvm-controller raise the LV, then the claim
-    waits for the node's part."""
-    await api.patch_merge(client, PersistentVolumeClaim, pvc,
-                          {"spec": {"resources": {"requests": {"storage": size}}}},
-                          namespace="default")  # fmt: skip
-
-    async def pending() -> bool:
-        obj = await api.get(client, PersistentVolumeClaim, pvc, namespace="default")
-        conds = (obj or {}).get("status", {}).get("conditions") or []
-        return any(c["type"] == "FileSystemResizePending" for c in conds)
-
-    await eventually(f"{pvc} waits for the node's part of the resize", pending, timeout=90)
-
-
 async def test_pod_with_pvcs_lands_on_the_roomiest_uml_node_and_gets_its_volumes(
     control_plane: ControlPlane,
     extenders: dict[str, Child],
     driver: DriverStack,
     uml_nodes: UmlNodes,
-    kubelet: Callable[[list[UmlNode]], KubeletStandIn],
     cluster_client: AsyncClient,
 ) -> None:
     # Free space after the 1 GiB spare: about 2, 11 and 4 GiB, so the extender's scores
     # (floor(log2(GiB))) are 1, 3 and 2: the middle node must win.
-    nodes = uml_nodes(3, vg_gib=[3, 12, 5])
+    nodes = uml_nodes(3, vg_gib=[3, 12, 5], kubelet=True)
     for n in nodes:
         n.start_topolvm_node(control_plane, [THICK])
 
@@ -98,7 +81,7 @@ async def test_pod_with_pvcs_lands_on_the_roomiest_uml_node_and_gets_its_volumes
     roomiest = nodes[1]
     group = nodes[0].labels[GROUP_LABEL]
     sc, data, raw, pod = unique("topolvm-xfs"), unique("data"), unique("raw"), unique("app")
-    standin = kubelet(nodes)
+    s = Scenario(control_plane, cluster_client, nodes)
     volumes: list[str] = []  # LogicalVolume = PV names
     control_plane.apply(
         {
@@ -125,12 +108,14 @@ async def test_pod_with_pvcs_lands_on_the_roomiest_uml_node_and_gets_its_volumes
                 "annotations": {"capacity.topolvm.io/ssd": str(3 * GiB)},
             },
             "spec": {
+                "terminationGracePeriodSeconds": 1,
                 "schedulerName": "topolvm-extender",
                 "nodeSelector": {GROUP_LABEL: group},
                 "containers": [
                     {
                         "name": "app",
-                        "image": "registry.invalid/app:1",
+                        "image": busybox(),
+                        "command": ["sleep", "1000000"],
                         "volumeMounts": [{"name": "data", "mountPath": "/data"}],
                         "volumeDevices": [{"name": "raw", "devicePath": "/dev/raw"}],
                     }
@@ -158,22 +143,24 @@ async def test_pod_with_pvcs_lands_on_the_roomiest_uml_node_and_gets_its_volumes
             await eventually(f"{pod} bound", lambda: pod_node(cluster_client, pod), timeout=90)
             == roomiest.name
         )
-        fs, dev = sorted(await standin.start_pod(pod), key=lambda v: v.block)
+        fs, dev = sorted(await s.running(pod), key=lambda v: v.block)
         assert roomiest.mounts()[fs.target]["fstype"] == "xfs"
-        roomiest.exec("sh", "-c", f"echo hello > {fs.target}/file && sync")
+        s.exec(pod, "echo hello > /data/file && sync")  # in the container
         assert roomiest.exec("cat", f"{fs.target}/file").stdout == "hello\n"
         assert roomiest.exec("test", "-b", dev.target, check=False).rc == 0
-        size = roomiest.exec("blockdev", "--getsize64", dev.target).stdout.strip()
-        assert int(size) == GiB
+        assert int(s.exec(pod, "blockdev --getsize64 /dev/raw")) == GiB
         running = await api.get(cluster_client, Pod, pod, namespace="default")
         assert running is not None and running["status"]["phase"] == "Running"
 
-        # Online resize of the filesystem: the node's part through the kubelet stand-in.
-        await grow(cluster_client, data, "3Gi")
-        await standin.expand_pvc(pod, data)
-        df = roomiest.exec("df", "-B1", "--output=size", fs.target).stdout.split()[-1]
-        assert int(df) > 2 * GiB + GiB // 2  # xfs grew (minus its own metadata)
-        assert roomiest.exec("cat", f"{fs.target}/file").stdout == "hello\n"
+        # Online resize of the filesystem: csi-resizer raises the LV, then the kubelet has the
+        # node grow xfs under the running container.
+        await api.patch_merge(cluster_client, PersistentVolumeClaim, data,
+                              {"spec": {"resources": {"requests": {"storage": "3Gi"}}}},
+                              namespace="default")  # fmt: skip
+        await s.expanded(data)
+        df = s.exec(pod, "df -k /data | tail -1").split()[-5]
+        assert int(df) * 1024 > 2 * GiB + GiB // 2  # xfs grew (minus its own metadata)
+        assert s.exec(pod, "cat /data/file") == "hello\n"
         claimed = await api.get(cluster_client, PersistentVolumeClaim, data, namespace="default")
         assert claimed is not None and claimed["status"]["capacity"]["storage"] == "3Gi"
         assert not [
@@ -181,16 +168,12 @@ async def test_pod_with_pvcs_lands_on_the_roomiest_uml_node_and_gets_its_volumes
             if c["type"] == "FileSystemResizePending"
         ]  # fmt: skip
 
-        await standin.stop_pod(pod)
+        await s.delete_pod(pod)  # the kubelet unpublishes both volumes
         assert fs.target not in roomiest.mounts()
         assert roomiest.exec("test", "-e", dev.target, check=False).rc != 0
     finally:
         with contextlib.suppress(Exception):
-            await standin.stop_pod(pod)  # a failed test may have left volumes published
-        control_plane.kubectl(
-            "delete", "pod", pod, "-n", "default", "--grace-period=0", "--force",
-            "--ignore-not-found", check=False,
-        )  # fmt: skip
+            await s.delete_pod(pod)  # a failed test may have left it running
         control_plane.kubectl(
             "delete", "pvc", data, raw, "-n", "default", "--wait=false", check=False
         )

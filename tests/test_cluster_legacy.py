@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+import json
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from lightkube import AsyncClient
@@ -11,7 +12,6 @@ from lightkube import AsyncClient
 from devtools import gobuild
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import SIDECAR_BINARIES, DriverStack
-from devtools.testbed.kubelet import KubeletStandIn
 from devtools.testbed.umlnode import UmlNode
 from tests.cluster_fixtures import unique
 from tests.lvm_fixtures import THICK
@@ -36,24 +36,16 @@ def legacy_driver(
         control_plane.kubectl("delete", "csidriver", LEGACY.plugin, check=False)
 
 
-def _legacy_csinode(cp: ControlPlane, node: UmlNode) -> None:
-    node.labels[LEGACY.topology_key] = node.name
-    cp.kubectl("label", "node", node.name, f"{LEGACY.topology_key}={node.name}", "--overwrite")
-    cp.apply({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
-              "metadata": {"name": node.name},
-              "spec": {"drivers": [{"name": d.plugin, "nodeID": node.name,
-                                    "topologyKeys": [d.topology_key]}
-                                   for d in (LEGACY,)]}})  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def legacy_node(
     control_plane: ControlPlane, legacy_driver: DriverStack,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[list[UmlNode]]:  # fmt: skip
+    """A Kubernetes node whose topolvm-node (legacy) registers with the kubelet: the kubelet
+    writes the CSINode and the topology label with the legacy names."""
     with shared_nodes(
         control_plane, tmp_path_factory.mktemp("legacy"), "legacy", [6], [THICK],
-        prepare=lambda n: _legacy_csinode(control_plane, n), extra=("--legacy",),
+        extra=("--legacy",),
     ) as nodes:  # fmt: skip
         yield nodes
 
@@ -62,10 +54,9 @@ def legacy_node(
 async def one(
     control_plane: ControlPlane,
     legacy_node: list[UmlNode],
-    kubelet: Callable[[list[UmlNode]], KubeletStandIn],
     cluster_client: AsyncClient,
 ) -> AsyncIterator[Scenario]:
-    s = Scenario(control_plane, cluster_client, legacy_node, kubelet(legacy_node), names=LEGACY)
+    s = Scenario(control_plane, cluster_client, legacy_node, names=LEGACY)
     await s.record()
     try:
         yield s
@@ -76,6 +67,12 @@ async def one(
 async def test_legacy_names_end_to_end(one: Scenario) -> None:
     s = one
     uml = s.nodes[0]
+    csinode = json.loads(s.cp.kubectl("get", "csinode", uml.name, "-o", "json"))
+    assert csinode["spec"]["drivers"] == [
+        {"name": LEGACY.plugin, "nodeID": uml.name, "topologyKeys": [LEGACY.topology_key]}
+    ]
+    node = json.loads(s.cp.kubectl("get", "node", uml.name, "-o", "json"))
+    assert node["metadata"]["labels"][LEGACY.topology_key] == uml.name
     sc = s.sc(fs_type="xfs")
     data, app = unique("data"), unique("app")
     s.apply(claim(data, sc, "1Gi"), pod(app, s.group, [data]))
@@ -85,6 +82,6 @@ async def test_legacy_names_end_to_end(one: Scenario) -> None:
     assert lv is not None and lv["apiVersion"] == "topolvm.cybozu.com/v1"
     normal = api.logicalvolume_resource(NORMAL)
     assert await api.get(s.client, normal, obj["spec"]["volumeName"]) is None
-    [fs] = await s.kubelet.start_pod(app)  # type: ignore[union-attr]
+    [fs] = await s.running(app)
     assert uml.mounts()[fs.target]["fstype"] == "xfs"
     assert list(uml.lvs("vg1")) == [lv["status"]["volumeID"]]

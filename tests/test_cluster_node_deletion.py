@@ -5,16 +5,12 @@ csi-provisioner's DeleteVolume of the released PV then succeeds (the volume is g
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node, PersistentVolume
 
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import DriverStack
-from devtools.testbed.kubelet import KubeletStandIn
-from devtools.testbed.umlnode import UmlNode
 from tests.cluster_fixtures import UmlNodes, unique
 from tests.helpers import eventually
 from tests.lvm_fixtures import THICK
@@ -30,12 +26,11 @@ async def test_deleting_a_node_removes_its_claims_and_volumes(
     control_plane: ControlPlane,
     driver: DriverStack,
     uml_nodes: UmlNodes,
-    kubelet: Callable[[list[UmlNode]], KubeletStandIn],
     cluster_client: AsyncClient,
 ) -> None:
     [uml] = uml_nodes(1, vg_gib=[6])
     uml.start_topolvm_node(control_plane, [THICK])
-    s = Scenario(control_plane, cluster_client, [uml], kubelet([uml]))
+    s = Scenario(control_plane, cluster_client, [uml])
     await s.record()
     node = await api.get(cluster_client, Node, uml.name)
     assert node is not None and NORMAL.node_finalizer in node["metadata"]["finalizers"]

@@ -293,11 +293,13 @@ class ControlPlane:
         )
         return path
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> str:
         """Run the pinned kubectl with the admin kubeconfig; return stdout."""
         proc = subprocess.run(
             [str(self.bins["kubectl"]), f"--kubeconfig={self.kubeconfig}", *args],
-            input=input, capture_output=True, text=True, check=False, timeout=120,
+            input=input, capture_output=True, text=True, check=False, timeout=timeout,
         )  # fmt: skip
         if check and proc.returncode != 0:
             raise HarnessError(f"kubectl {' '.join(args)}: exit {proc.returncode}: {proc.stderr}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ NODE_BINARIES = ("kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2
                  "bridge", "host-local", "loopback")  # fmt: skip
 CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
 KUBELET_DIR = "/var/lib/kubelet"
+KUBELET_PORT = 10250
 RUN = "/run/node"  # the node's configuration, in the guest's own tmpfs
 POD_NETWORK = "10.200.0.0/16"
 DAEMONS = ("containerd", "kubelet", "kube-proxy")  # in start order
@@ -249,11 +251,21 @@ class KubeNode:
         self.node.spawn(name, self.argv(name), self.env())
 
     def restart(self, daemon: str, sig: str = "SIGTERM") -> None:
-        """Stop ``daemon`` with ``sig`` (SIGKILL: a crash) and start it again."""
+        """Stop ``daemon`` with ``sig`` (SIGKILL: a crash) and start it again; a kubelet is
+        waited for until its API (logs, exec) serves again."""
         res = self.node.signal(daemon, sig, wait=60)
         if res.get("running"):
             self.node.signal(daemon, "SIGKILL", wait=10)
         self._start_daemon(daemon)
+        if daemon == "kubelet":
+            self._wait("the kubelet's API on :10250", self._kubelet_serving, 120)
+
+    def _kubelet_serving(self) -> bool:
+        try:
+            with socket.create_connection((self.node.address, KUBELET_PORT), timeout=2):
+                return True
+        except OSError:
+            return False
 
     def node_object(self) -> dict[str, Any] | None:
         out = self.cp.kubectl("get", "node", self.node.name, "-o", "json", check=False)

@@ -153,9 +153,22 @@ def become_subreaper() -> None:
     _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
+def _dying(pid: int) -> bool:
+    """Whether a SIGKILL is pending for ``pid``: killed already, only not done exiting (a UML
+    guest's helper unmapping its memory, say)."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16) & (
+                1 << (signal.SIGKILL - 1)
+            ):
+                return True
+    return False
+
+
 def reap_leftovers(timeout: float = 30) -> list[str]:
     """Kill and reap every child still there (call it when all is stopped), so that nothing
-    outlives the caller (``make demo``); returns the names of those that were still running."""
+    outlives the caller (``make demo``); returns the names of those that were still running
+    (not those already killed and still exiting)."""
     me, running = os.getpid(), []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -169,7 +182,7 @@ def reap_leftovers(timeout: float = 30) -> list[str]:
         if not kids:
             break
         for pid, comm, state in kids:
-            if state != "Z":
+            if state != "Z" and not _dying(pid):
                 running.append(comm)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
