@@ -1,38 +1,35 @@
-"""``make bench-kubelet``: what a user waits for on a real Kubernetes node, and what the kubelet
-stand-in of the cluster tier's past showed instead, in ONE run on one real control plane.
+"""``make bench-kubelet``: PVC + pod until running on real Kubernetes nodes with the chart,
+against the kubelet stand-in, in ONE run on one real control plane (private network namespace).
 
-The test bed (devtools/testbed/bed.py, as ``python -m devtools.cluster up`` assembles it) runs in
-a private network namespace. Two phases follow one another, so that only one ``topolvm.io``
-controller is ever active:
+Two phases one after the other, so that only one ``topolvm.io`` controller is ever active:
 
 1. Stand-in: a UML node without a kubelet (a simulated Node), ``topolvm node`` as a process in
-   the guest, the host-process driver (``topolvm controller`` with csi-provisioner:
-   devtools/testbed/driver.py) and :class:`KubeletStandIn` publishing the volume of the pod
-   kube-scheduler bound there (its root /run/kubelet, the guest's tmpfs). Measured: PVC + pod
-   created until the stand-in published the volume and the pod's status is Running. Then the
-   node, the driver and their objects go.
-2. Real kubelet: UML nodes with containerd, the kubelet and kube-proxy (measured: the node's
-   start until its Node is Ready), ``helm install`` of charts/topolvm with devtools/cluster.py's
-   values (topolvm-node and the controller run in containerd), the guests' memory idle
-   (``free -m`` and ``ps`` inside), then PVC + a busybox pod mounting it until the container
-   runs (the kubelet mounted the volume first; the mount is checked in the guest afterwards).
+   the guest, the host-process driver (devtools/testbed/driver.py: ``topolvm controller``,
+   csi-provisioner), and :class:`KubeletStandIn` publishing the volume of the pod kube-scheduler
+   bound there (root /run/kubelet). Measured: created until published and status Running.
+2. Real kubelet: UML nodes with containerd, the kubelet and kube-proxy (measured per node: its
+   start until the Node is Ready), ``helm install`` of charts/topolvm with devtools/cluster.py's
+   values, each guest's memory idle (``free -m``, ``ps``), then PVC + a busybox pod until its
+   container runs (the mount is checked in the guest afterwards).
 
-Both flows use a WaitForFirstConsumer StorageClass (xfs, the default device class) and create
-the claim and the pod through the API; the end points are seen by watches (time.monotonic() when
-the event arrives). Nothing is asserted on timings. ``--json PATH`` writes the results.
+WaitForFirstConsumer, xfs, the default device class in both; claim and pod are created through
+the API and their stages seen by watches (time.monotonic() at each event). Nothing is asserted
+on timings; ``--json PATH`` writes the results.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import calendar
 import json
 import os
+import re
 import shutil
 import signal
-import statistics
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +39,7 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import PersistentVolume, PersistentVolumeClaim, Pod
 from lightkube.resources.storage_v1 import CSIStorageCapacity
 
+from bench.kubelet_report import report, summary
 from devtools import gobuild, nodeimages, umlkernel
 from devtools.cluster import RELEASE, RELEASE_NS, VALUES
 from devtools.demo_bed import tools
@@ -66,34 +64,32 @@ STANDIN_ROOT = "/run/kubelet"  # the guest's tmpfs, as the cluster tier's stand-
 HOSTNAME = "kubernetes.io/hostname"
 WORKDIR = gobuild.ROOT / ".cache" / "bench" / "kubelet-run"
 LV = api.logicalvolume_resource(NORMAL)
+STAMP = re.compile(r"(\d{4}-\d\d-\d\d)[T ](\d\d:\d\d:\d\d)[.,](\d{3})")  # JSON or text log
 Obj = dict[str, Any]
 
 
 def claim(name: str, sc: str, size: str) -> Obj:
-    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": {"name": name, "namespace": NS, "labels": APP},
-            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": sc,
-                     "resources": {"requests": {"storage": size}}}}  # fmt: skip
+    meta = {"name": name, "namespace": NS, "labels": APP}
+    return {"metadata": meta, "spec": {
+        "accessModes": ["ReadWriteOnce"], "storageClassName": sc,
+        "resources": {"requests": {"storage": size}}}}  # fmt: skip
 
 
 def pod(name: str, selector: dict[str, str]) -> Obj:
     """A busybox pod with claim ``name`` mounted at /data."""
     app = {"name": "app", "image": nodeimages.busybox().name, "command": ["sleep", "1000000"],
            "volumeMounts": [{"name": "data", "mountPath": "/data"}]}  # fmt: skip
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": NS, "labels": APP},
-            "spec": {"nodeSelector": selector, "terminationGracePeriodSeconds": 1,
-                     "containers": [app],
-                     "volumes": [{"name": "data",
-                                  "persistentVolumeClaim": {"claimName": name}}]}}  # fmt: skip
+    volume = {"name": "data", "persistentVolumeClaim": {"claimName": name}}
+    return {"metadata": {"name": name, "namespace": NS, "labels": APP}, "spec": {
+        "nodeSelector": selector, "terminationGracePeriodSeconds": 1, "containers": [app],
+        "volumes": [volume]}}  # fmt: skip
 
 
-def storage_class(name: str) -> Obj:
-    """The same class as the chart's ``topolvm-provisioner``."""
-    return {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": name},
-            "provisioner": NORMAL.plugin, "volumeBindingMode": "WaitForFirstConsumer",
-            "allowVolumeExpansion": True,
-            "parameters": {"csi.storage.k8s.io/fstype": "xfs"}}  # fmt: skip
+STORAGE_CLASS = {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                 "metadata": {"name": SC_STANDIN}, "provisioner": NORMAL.plugin,
+                 "volumeBindingMode": "WaitForFirstConsumer", "allowVolumeExpansion": True,
+                 "parameters": {"csi.storage.k8s.io/fstype": "xfs"}}  # fmt: skip
+"""The same as the chart's ``topolvm-provisioner``."""
 
 
 async def until(what: str, check: Callable[[], Awaitable[bool]], timeout: float) -> None:
@@ -113,16 +109,14 @@ class Flow:
     client: AsyncClient
     size: str
     at: dict[tuple[str, str], float] = field(default_factory=dict)
-    _events: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+    _seen: defaultdict[tuple[str, str], asyncio.Event] = field(
+        default_factory=lambda: defaultdict(asyncio.Event))  # fmt: skip
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def _mark(self, stage: str, name: str) -> None:
         if (stage, name) not in self.at:
             self.at[(stage, name)] = time.monotonic()
-            self._event(stage, name).set()
-
-    def _event(self, stage: str, name: str) -> asyncio.Event:
-        return self._events.setdefault((stage, name), asyncio.Event())
+            self._seen[(stage, name)].set()
 
     def _on_claim(self, event: str, obj: Obj) -> None:
         if event != "DELETED" and (obj.get("status") or {}).get("phase") == "Bound":
@@ -153,26 +147,21 @@ class Flow:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def wait(self, stage: str, name: str, timeout: float) -> float:
+    async def wait(self, stage: str, name: str, timeout: float) -> None:
         try:
-            await asyncio.wait_for(self._event(stage, name).wait(), timeout)
+            await asyncio.wait_for(self._seen[(stage, name)].wait(), timeout)
         except TimeoutError:
             raise HarnessError(f"{name}: not {stage} within {timeout:.0f}s") from None
-        return self.at[(stage, name)]
 
-    async def create(self, name: str, sc: str, selector: dict[str, str]) -> float:
-        t0 = time.monotonic()
+    async def create(self, name: str, sc: str, selector: dict[str, str]) -> tuple[float, float]:
+        """Claim and pod; when it started, by time.monotonic() and by the wall clock."""
+        t0, wall = time.monotonic(), time.time()
         await api.create(self.client, PersistentVolumeClaim.from_dict(claim(name, sc, self.size)))
         await api.create(self.client, Pod.from_dict(pod(name, selector)))
-        return t0
+        return t0, wall
 
-    def stages(self, name: str, t0: float, end: str) -> dict[str, float]:
-        return {"total_s": self.at[(end, name)] - t0, "bound_s": self.at[("bound", name)] - t0,
-                "scheduled_s": self.at[("scheduled", name)] - t0}  # fmt: skip
-
-    async def mounted(self, name: str, nodes: dict[str, UmlNode], root: str) -> str:
-        """The pod's node, after checking that the claim is mounted (xfs) there, where its
-        kubelet (or the stand-in) publishes it."""
+    async def mounted(self, name: str, nodes: dict[str, UmlNode], root: str) -> tuple[UmlNode, str]:
+        """The pod's node and uid, once the claim is seen mounted (xfs) at its target there."""
         obj = await api.get(self.client, Pod, name, namespace=NS)
         pvc = await api.get(self.client, PersistentVolumeClaim, name, namespace=NS)
         assert obj is not None and pvc is not None
@@ -181,7 +170,7 @@ class Flow:
         found = (await asyncio.to_thread(node.mounts)).get(target, {})
         if found.get("fstype") != "xfs":
             raise HarnessError(f"{name}: no xfs mount at {target} in {node.name}: {found}")
-        return node.name
+        return node, obj["metadata"]["uid"]
 
     async def remove(self, name: str, force: bool) -> None:
         """The pod (``force``: at once, no kubelet confirms), then the claim, until its PV and
@@ -212,6 +201,25 @@ async def capacity(client: AsyncClient, sc: str, nodes: list[str], timeout: floa
     await until(f"CSIStorageCapacity of {sc} for {', '.join(nodes)}", published, timeout)
 
 
+def node_log(node: UmlNode, standin: bool) -> str:
+    """topolvm-node's log: the guest's process, or the chart's container (its CRI log file)."""
+    if standin:
+        return node.node_log(lines=0)
+    logs = "/var/log/pods/*_topolvm-node-*/topolvm-node/*.log"
+    return node.exec("sh", "-c", f"cat {logs}", check=False).stdout
+
+
+def published_at(log: str, uid: str) -> float | None:
+    """When NodePublishVolume for pod ``uid`` returned, by its "rpc ok" record (wall clock;
+    the guest shares the host's). Its own time, not the CRI log line's, is the last one."""
+    for line in log.splitlines():
+        if "rpc ok" in line and "NodePublishVolume" in line and uid in line:
+            ymd, hms, ms = STAMP.findall(line)[-1]
+            when = time.strptime(f"{ymd} {hms}", "%Y-%m-%d %H:%M:%S")
+            return calendar.timegm(when) + int(ms) / 1e3
+    return None
+
+
 # --- the two phases -----------------------------------------------------------------------
 
 
@@ -238,17 +246,18 @@ async def measure(cp: ControlPlane, nodes: list[UmlNode], args: argparse.Namespa
         await capacity(client, sc, list(by_name))
         for i in range(args.runs):
             name = f"{'standin' if standin else 'kubelet'}-{i}"
-            t0 = await flow.create(name, sc, selector)
-            extra = {}
+            t0, wall = await flow.create(name, sc, selector)
             if kubelet is not None:
                 await flow.wait("scheduled", name, args.timeout)
                 await kubelet.start_pod(name, NS)
-                extra["published_s"] = time.monotonic() - t0
             await flow.wait(end, name, args.timeout)
-            run = {**flow.stages(name, t0, end), **extra,
-                   "node": await flow.mounted(name, by_name, root)}  # fmt: skip
+            node, uid = await flow.mounted(name, by_name, root)
+            published = published_at(await asyncio.to_thread(node_log, node, standin), uid)
+            run: Obj = {f"{k}_s": flow.at[(k if k != "total" else end, name)] - t0
+                        for k in ("total", "bound", "scheduled")}  # fmt: skip
+            run |= {"node": node.name, "published_s": published - wall if published else None}
             runs.append(run)
-            print(f"  run {i + 1}: {run['total_s']:.2f}s on {run['node']}", flush=True)
+            print(f"  run {i + 1}: {run['total_s']:.2f}s on {node.name}", flush=True)
             if kubelet is not None:
                 await kubelet.stop_pod(name, NS)
             await flow.remove(name, force=standin)
@@ -277,7 +286,7 @@ def standin_phase(bed: Testbed, args: argparse.Namespace) -> list[Obj]:
     with Testbed(bed.workdir / "standin", bed.bins, cp=cp, before_node_stop=forget) as sub:
         node = sub.start_node(STANDIN, 1, args.vg_gib, device_classes=[THICK])
         sub.start_driver(sidecars=True)
-        cp.apply(storage_class(SC_STANDIN))
+        cp.apply(STORAGE_CLASS)
         print(f"stand-in phase: {node.name} (no kubelet, topolvm node in the guest), "
               "host topolvm controller + CSI sidecars", flush=True)  # fmt: skip
         return asyncio.run(measure(cp, [node], args, standin=True))
@@ -309,17 +318,16 @@ def install_chart(bed: Testbed, count: int) -> float:
 
 
 def group_of(comm: str, args: str) -> str:
-    if comm in ("kubelet", "containerd", "kube-proxy"):
+    """A guest process's group: the node's daemons, the chart's containers, the test bed's."""
+    if comm in ("kubelet", "containerd", "kube-proxy", "pause"):
         return comm
-    if comm.startswith("containerd-shim"):
-        return "containerd-shim"
-    if "topolvm node" in args:
-        return "topolvm-node"
-    if "topolvm controller" in args or comm.startswith("csi-"):
-        return "controller-pod"
-    if comm == "pause":
-        return "pause"
-    return "agent" if "devtools.testbed.agent" in args else "other"
+    for group, found in (("containerd-shim", comm.startswith("containerd-shim")),
+                         ("topolvm-node", "topolvm node" in args),
+                         ("controller-pod", "topolvm controller" in args or comm[:4] == "csi-"),
+                         ("agent", "devtools.testbed.agent" in args)):  # fmt: skip
+        if found:
+            return group
+    return "other"
 
 
 def memory(node: UmlNode) -> Obj:
@@ -332,48 +340,6 @@ def memory(node: UmlNode) -> Obj:
         rss[group] = rss.get(group, 0.0) + int(kib) / 1024
     return {"node": node.name, "total_mib": int(mem[1]), "used_mib": int(mem[2]),
             "available_mib": int(mem[6]), "rss_mib": rss}  # fmt: skip
-
-
-# --- report -------------------------------------------------------------------------------
-
-
-def summary(runs: list[Obj], key: str = "total_s") -> Obj:
-    values = [r[key] for r in runs]
-    return {"median_s": statistics.median(values), "min_s": min(values), "max_s": max(values),
-            "runs_s": values}  # fmt: skip
-
-
-def report(res: Obj) -> None:
-    print("\n=== kubelet bench ===")
-    print("node start -> Node Ready (UML boot, vg1, containerd + kubelet + kube-proxy):")
-    for n in res["nodes"]:
-        print(f"  {n['node']:<10} {n['start_to_ready_s']:6.1f}s   (daemons started -> Ready "
-              f"{n['daemons_to_ready_s']:.1f}s)")  # fmt: skip
-    print(f"helm install -> chart's pods Running: {res['chart_install_s']:.1f}s")
-    print(f"\nPVC + pod created -> running, {res['runs']} runs, seconds:")
-    print(f"  {'':<40}{'median':>8}{'min':>8}{'max':>8}{'bound':>8}{'sched.':>8}")
-    for label, key in (("real kubelet (container running)", "real"),
-                       ("stand-in (published, status Running)", "standin")):  # fmt: skip
-        s, runs = res[key]["total"], res[key]["runs"]
-        bound = statistics.median(r["bound_s"] for r in runs)
-        sched = statistics.median(r["scheduled_s"] for r in runs)
-        print(f"  {label:<40}{s['median_s']:8.2f}{s['min_s']:8.2f}{s['max_s']:8.2f}"
-              f"{bound:8.2f}{sched:8.2f}")  # fmt: skip
-        print(f"  {'':<40}each: {', '.join(f'{v:.2f}' for v in s['runs_s'])}")
-    print(f"  ratio real / stand-in (medians): {res['ratio_real_to_standin']:.2f}")
-    print("\nmemory per real-kubelet node, idle with the chart's pods running (MiB):")
-    cols = ("kubelet", "containerd", "kube-proxy", "topolvm-node")
-    extra = ("containerd-shim", "pause", "controller-pod", "agent", "other")
-    print(f"  {'node':<10}{'used/total':>12}" + "".join(f"{c:>14}" for c in cols)
-          + "   (other RSS: " + ", ".join(extra) + ")")  # fmt: skip
-    for m in res["memory"]:
-        rss = m["rss_mib"]
-        print(f"  {m['node']:<10}{m['used_mib']:>6}/{m['total_mib']:<5}"
-              + "".join(f"{rss.get(c, 0):14.0f}" for c in cols)
-              + "   (" + ", ".join(f"{rss.get(c, 0):.0f}" for c in extra) + ")")  # fmt: skip
-    t = res["timing"]
-    print(f"\nwall time {t['total_s']:.0f}s (stand-in phase {t['standin_s']:.0f}s, kubelet phase "
-          f"{t['kubelet_s']:.0f}s); load average at the end {res['loadavg']}")  # fmt: skip
 
 
 def run(args: argparse.Namespace, bins: dict[str, Path], t0: float) -> Obj:
@@ -393,10 +359,8 @@ def run(args: argparse.Namespace, bins: dict[str, Path], t0: float) -> Obj:
         res["memory"] = [memory(n) for n in bed.nodes]
         real = asyncio.run(measure(cp, list(bed.nodes), args, standin=False))
         t3 = time.monotonic()
-    res["real"] = {"total": summary(real), "runs": real}
-    res["standin"] = {"total": summary(standin), "runs": standin}
-    medians = res["real"]["total"]["median_s"], res["standin"]["total"]["median_s"]
-    res["ratio_real_to_standin"] = medians[0] / max(medians[1], 1e-9)
+    res["real"], res["standin"] = summary(real), summary(standin)
+    res["ratio_real_to_standin"] = res["real"]["median_s"] / res["standin"]["median_s"]
     res["timing"] = {"total_s": time.monotonic() - t0, "standin_s": t2 - t1, "kubelet_s": t3 - t2}
     res["loadavg"] = [round(x, 2) for x in os.getloadavg()]
     return res
@@ -405,7 +369,8 @@ def run(args: argparse.Namespace, bins: dict[str, Path], t0: float) -> Obj:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="PVC + pod runs per phase")
-    parser.add_argument("--kube-nodes", type=int, default=2, help="real-kubelet UML nodes")
+    parser.add_argument("--kube-nodes", type=int, default=2, choices=range(1, 9), metavar="N",
+                        help="real-kubelet UML nodes (1 to 8)")  # fmt: skip
     parser.add_argument("--vg-gib", type=float, default=10.0, help="each node's vg1")
     parser.add_argument("--size", default="1Gi", help="each claim's size")
     parser.add_argument("--settle", type=float, default=2.0, help="seconds between runs")
@@ -416,9 +381,6 @@ def main() -> int:
     if os.geteuid() != 0:
         print("run as root (network namespace, TAP links, UML)", file=sys.stderr)
         return 1
-    if not 1 <= args.kube_nodes <= 8:
-        print("--kube-nodes: 1 to 8", file=sys.stderr)
-        return 1
     t0 = time.monotonic()
     # Go binaries, helm, the nodes' images and system disk, the UML kernel: before leaving the
     # machine's network namespace (Go's module proxy, Debian's archive, PyPI)
@@ -427,26 +389,20 @@ def main() -> int:
     enter_private_netns()  # still one thread; gone with this process
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # clean up as on Ctrl-C
     shutil.rmtree(WORKDIR, ignore_errors=True)
-    ok = False
-    try:
+    try:  # on any failure the logs stay in WORKDIR
         res = run(args, bins, t0)
-        report(res)
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(res, indent=2) + "\n")
-            print(f"results: {args.json}")
-        ok = True
     except HarnessError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {exc}\nlogs kept in {WORKDIR}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("interrupted; cleaned up", file=sys.stderr)
+        print(f"interrupted; cleaned up, logs kept in {WORKDIR}", file=sys.stderr)
         return 130
-    finally:
-        if ok:
-            shutil.rmtree(WORKDIR, ignore_errors=True)
-        else:
-            print(f"logs kept in {WORKDIR}", file=sys.stderr)
+    shutil.rmtree(WORKDIR, ignore_errors=True)
+    report(res)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(res, indent=2) + "\n")
+        print(f"results: {args.json}")
     return 0
 
 

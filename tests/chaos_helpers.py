@@ -25,7 +25,8 @@ from topolvm.proto import csi_pb2 as csi
 from topolvm.proto import csi_pb2_grpc as csi_grpc
 
 MIB = 1 << 20
-TARGETS = "/run/kubelet/chaos"  # the guest's tmpfs, as the kubelet stand-in's root
+TARGETS = "/run/kubelet/chaos"  # the guest's tmpfs: the campaign publishes, no kubelet runs
+RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED)
 
 
 def device_class(raw: dict[str, Any]) -> DeviceClass:
@@ -120,7 +121,17 @@ async def with_data(client: AsyncClient, node: UmlNode, pv_name: str, script: st
     pv = await api.get(client, PersistentVolume, pv_name)
     assert pv is not None, f"PV {pv_name} is gone"
     target = f"{TARGETS}/{pv_name}/mount"
-    await _publish(node, pv, target)
+
+    async def published() -> bool:  # the kubelet retries what the node says is transient
+        try:
+            await _publish(node, pv, target)
+        except grpc.aio.AioRpcError as e:
+            if e.code() in RETRIED:
+                return False
+            raise
+        return True
+
+    await eventually(f"{pv_name} published", published, timeout=120, interval=0.5)
     try:
         res = await node.aexec("sh", "-c", f"cd {target} && {script}")
     finally:

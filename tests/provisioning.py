@@ -18,6 +18,7 @@ from lightkube.resources.core_v1 import Event, PersistentVolume, PersistentVolum
 
 from devtools import nodeimages
 from devtools.testbed.controlplane import ControlPlane
+from devtools.testbed.kubelet import block_target, mount_target
 from devtools.testbed.kubenode import KUBELET_DIR
 from devtools.testbed.umlnode import UmlNode
 from tests.cluster_fixtures import GROUP_LABEL, NodeSet, node_annotations, unique
@@ -161,14 +162,6 @@ class Published:
     block: bool
 
 
-def mount_target(pod_uid: str, pv: str) -> str:
-    return f"{KUBELET_DIR}/pods/{pod_uid}/volumes/kubernetes.io~csi/{pv}/mount"
-
-
-def block_target(pod_uid: str, pv: str) -> str:
-    return f"{KUBELET_DIR}/plugins/kubernetes.io/csi/volumeDevices/publish/{pv}/{pod_uid}"
-
-
 async def published(client: AsyncClient, pod_obj: dict[str, Any]) -> list[Published]:
     """The pod's claims (persistent and generic ephemeral) and their publish targets."""
     found = []
@@ -186,7 +179,11 @@ async def published(client: AsyncClient, pod_obj: dict[str, Any]) -> list[Publis
         assert pv is not None
         block = pv["spec"].get("volumeMode") == "Block"
         pv_name = pv["metadata"]["name"]
-        target = block_target(uid, pv_name) if block else mount_target(uid, pv_name)
+        target = (
+            block_target(uid, pv_name, KUBELET_DIR)
+            if block
+            else mount_target(uid, pv_name, KUBELET_DIR)
+        )
         found.append(Published(claim_name, pv_name, pv["spec"]["csi"]["volumeHandle"], target,
                                block))  # fmt: skip
     return found

@@ -212,7 +212,7 @@ async def test_node_plugin_container_killed_and_restarted(s: Scenario, cluster: 
     s.exec(app2, f"echo new > /{more}/f")
 
 
-def test_module_has_its_own_nodes(cluster: Cluster) -> None:
+async def test_module_has_its_own_nodes(cluster: Cluster) -> None:
     """The chart's DaemonSet stays on this module's nodes (the nodeSelector of the test bed)."""
     on = {p["spec"].get("nodeName") for p in cluster.release.pods()}
     assert on == {n.name for n in cluster.nodes}

@@ -7,21 +7,28 @@ from __future__ import annotations
 
 import os
 from collections.abc import Awaitable
+from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from tests.lvm_fixtures import code_of
 from tests.node_csi_helpers import (
     SNW,
     Code,
+    DictLookup,
     Env,
     MiB,
     block_cap,
     env,  # noqa: F401
     mount_cap,
+    start_node,
 )
+from topolvm.node.lvmd_client import SocketLvmd
 from topolvm.proto import csi_pb2 as csi
+from topolvm.proto import csi_pb2_grpc as csi_grpc
+from topolvm.rpc.server import stop_unix_server
 
 pytestmark = pytest.mark.uml
 
@@ -166,3 +173,28 @@ async def test_stats_on_missing_path_of_real_volume_is_not_found(env: Env) -> No
     assert (await code_of(env.stats("vol-s", "some/path")))[0] == Code.NOT_FOUND
     assert (await code_of(env.stats("vol-s", target + "-missing")))[0] == Code.NOT_FOUND
     await env.unpublish("vol-s", target)
+
+
+async def test_lvmd_unreachable_is_unavailable_so_the_kubelet_retries(tmp_path: Path) -> None:
+    """lvmd restarting (its socket refuses): NodePublishVolume and NodeExpandVolume answer
+    UNAVAILABLE naming lvmd, not INTERNAL (the chaos campaign's SIGKILL of lvmd found this)."""
+    lvmd = SocketLvmd(str(tmp_path / "lvmd.sock"))  # nothing listens there
+    volumes = DictLookup()
+    volumes.classes["vol-1"] = "ssd"
+    sock = str(tmp_path / "csi.sock")
+    _, _, server = await start_node(tmp_path, lvmd, volumes, sock)
+    try:
+        async with grpc.aio.insecure_channel(f"unix:{sock}") as channel:
+            node = csi_grpc.NodeStub(channel)
+            target = str(tmp_path / "pods" / "p" / "mount")
+            publish = csi.NodePublishVolumeRequest(
+                volume_id="vol-1", target_path=target, volume_capability=mount_cap()
+            )
+            code, details = await code_of(node.NodePublishVolume(publish))
+            assert code == Code.UNAVAILABLE and "lvmd is unavailable" in details, details
+            expand = csi.NodeExpandVolumeRequest(volume_id="vol-1", volume_path=target)
+            code, details = await code_of(node.NodeExpandVolume(expand))
+            assert code == Code.UNAVAILABLE and "lvmd is unavailable" in details, details
+    finally:
+        await stop_unix_server(server, sock, grace=1)
+        await lvmd.close()

@@ -89,7 +89,9 @@ def template(images: list[NodeImage] | None = None) -> Path:
         script.unlink()
 
     try:
-        out = cached_build(nodeimages.CACHE / f"system-{key}", build, kind="system")
+        # keep 3: the workload-only and the all-images template of this tree side by side (keep=0
+        # made each evict the other, so every session built both again), and one of another clone
+        out = cached_build(nodeimages.CACHE / f"system-{key}", build, kind="system", keep=3)
     except uml.UmlError as exc:
         raise BuildError(f"systemdisk: {exc}") from exc
     return out / "disk.img"

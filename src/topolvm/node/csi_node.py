@@ -56,11 +56,19 @@ class VolumeLookup(Protocol):
 _LOGGED = {"volume_id": "volume_id", "target_path": "target", "volume_path": "target"}
 
 
+def _lvmd_failed(e: LvmdCallError, what: str) -> status.StatusError:
+    """UNAVAILABLE while lvmd cannot be reached (restarting: the caller retries), else INTERNAL.
+    Found by the chaos campaign: a NodePublishVolume just after lvmd was killed said INTERNAL."""
+    if e.code is Code.UNAVAILABLE:
+        return status.Unavailable(f"lvmd is unavailable ({what}): {e.message}")
+    return status.Internal(f"{what}: {e.message}")
+
+
 def _translate(e: Exception) -> status.StatusError | None:
     if isinstance(e, mounter.UnsupportedFilesystem):
         return status.InvalidArgument(str(e))
     if isinstance(e, LvmdCallError):
-        return status.Internal(f"lvmd: {e.message}")
+        return _lvmd_failed(e, "lvmd")
     if isinstance(e, mounter.MountError | OSError):
         return status.Internal(str(e))
     return None
@@ -102,7 +110,7 @@ class NodeService(csi_grpc.NodeServicer):
         except LvmdCallError as e:
             if fallback and e.code is Code.NOT_FOUND:
                 raise status.NotFound(f"failed to find LV: {volume_id}") from e
-            raise status.Internal(f"failed to list LV: {e.message}") from e
+            raise _lvmd_failed(e, "failed to list LV") from e
         for lv in volumes:
             if lv.name == volume_id:
                 if not lv.path:
