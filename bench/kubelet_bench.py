@@ -43,7 +43,7 @@ from bench.kubelet_report import report, summary
 from devtools import gobuild, nodeimages, umlkernel
 from devtools.cluster import RELEASE, RELEASE_NS, VALUES
 from devtools.demo_bed import tools
-from devtools.testbed import chart
+from devtools.testbed import chart, systemdisk
 from devtools.testbed.bed import THICK, Testbed
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.kubelet import KubeletStandIn, mount_target
@@ -297,6 +297,8 @@ def kubelet_nodes(bed: Testbed, count: int, vg_gib: float) -> list[Obj]:
     kube-proxy until the Node is Ready."""
     started = []
     for i in range(1, count + 1):
+        # start_node checks the images again: a tree changed meanwhile is built here, untimed
+        systemdisk.template(nodeimages.all_images())
         name, t0 = f"bench-k{i}", time.monotonic()
         bed.start_node(name, 1 + i, vg_gib, labels={KUBE_LABEL: "true"}, kubelet=True,
                        driver_images=True)  # fmt: skip

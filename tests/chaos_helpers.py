@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from lightkube import AsyncClient
+from lightkube import ALL_NS, AsyncClient
 from lightkube.resources.core_v1 import PersistentVolume
 from lightkube.resources.storage_v1 import CSIStorageCapacity
 
@@ -58,7 +58,7 @@ async def observe(
         views[node.name] = NodeView(node.name, lvs, free, await node_annotations(client, node.name))
     pvs, _ = await api.list_all(client, PersistentVolume)
     lv_objects, _ = await api.list_all(client, api.logicalvolume_resource(names))
-    capacities, _ = await api.list_all(client, CSIStorageCapacity)
+    capacities, _ = await api.list_all(client, CSIStorageCapacity, namespace=ALL_NS)
     return ClusterView(views, classes, pvs, lv_objects, capacities, storage_classes, names)
 
 
@@ -91,6 +91,9 @@ class Volume:
     device_class: str
     size_mib: int
     checksum: str = ""
+    # grown by the controller, the filesystem's part left to a kubelet that mounts it; until
+    # then Kubernetes holds a further resize of the claim (NodeResizePending), so none is asked
+    expanded: bool = False
 
 
 async def _publish(node: UmlNode, pv: dict[str, Any], target: str) -> None:

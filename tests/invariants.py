@@ -55,7 +55,7 @@ class ClusterView:
     pvs: list[Obj]
     logical_volumes: list[Obj]
     capacities: list[Obj]  # CSIStorageCapacity objects
-    storage_classes: dict[str, str]  # StorageClass name -> device class, of this driver only
+    storage_classes: dict[str, str]  # WaitForFirstConsumer class -> device class (tracked ones)
     names: Names = NORMAL
 
 
@@ -72,7 +72,8 @@ def pv_node(pv: Obj, names: Names = NORMAL) -> str | None:
 
 def expected_capacity(node: NodeView, dc: DeviceClass) -> int:
     """What the node must advertise for ``dc``: VG free minus spare (thick), or the pool's
-    overprovisioned size minus what its thin volumes claim, minus spare (thin); never below 0."""
+    overprovisioned size minus what its thin volumes claim (thin: no spare, as upstream's Watch
+    reports it); never below 0."""
     if dc.thin_pool is None:
         return max(0, node.vg_free.get(dc.vg, 0) - dc.spare)
     lvs = node.lvs.get(dc.vg, {})
@@ -80,7 +81,7 @@ def expected_capacity(node: NodeView, dc: DeviceClass) -> int:
     if pool is None:
         return 0
     used = sum(lv.size for lv in lvs.values() if lv.pool == dc.thin_pool)
-    return max(0, math.floor(dc.ratio * pool.size) - used - dc.spare)
+    return max(0, math.floor(dc.ratio * pool.size) - used)
 
 
 def _ours(pv: Obj, names: Names) -> bool:
@@ -153,7 +154,7 @@ def _capacity_rules(view: ClusterView) -> list[str]:
             advertised[(node.name, dc.name)] = int(raw)
             if int(raw) != want:
                 out.append(f"Node {node.name} advertises {raw} bytes for {dc.name}; LVM says "
-                           f"{want} (free minus spare)")  # fmt: skip
+                           f"{want}")  # fmt: skip
     seen: set[tuple[str, str]] = set()
     for cap in view.capacities:
         sc = cap.get("storageClassName", "")

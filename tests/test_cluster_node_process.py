@@ -121,20 +121,33 @@ async def test_socket_mode_with_a_separate_lvmd(
     assert int(annos["capacity.topolvm.io/ssd"]) > 2 * GiB  # 4 GiB VG - 1 GiB spare
     assert await eventually("Probe ready (lvmd health + CSIDriver)", lambda: probe(node))
 
-    # lvmd crashes and is back: the next call that needs it is answered at once (NOT_FOUND for
-    # an unknown volume), not failed with "failed to connect" during gRPC's reconnect backoff
-    # (found by the chaos campaign: NodePublishVolume failed for up to 2 minutes).
+    # lvmd crashes and is back: while it starts the node says UNAVAILABLE (the kubelet retries);
+    # once it serves, the next call is answered (NOT_FOUND for an unknown volume) within
+    # seconds, not failed with "failed to connect" during gRPC's reconnect backoff (found by
+    # the chaos campaign: NodePublishVolume failed for up to 2 minutes).
     await asyncio.to_thread(node.signal, "lvmd", "SIGKILL", wait=10)
     async with grpc.aio.insecure_channel(node.csi_target) as ch:
         stub = csi_grpc.NodeStub(ch)
         await asyncio.sleep(3)  # the node's channel notices and backs off
         await asyncio.to_thread(node.respawn, "lvmd")
-        request = csi.NodePublishVolumeRequest(
-            volume_id="no-such-volume", target_path="/run/kubelet/x/mount", volume_capability=MOUNT
+        # a volume without a LogicalVolume: NodeExpandVolume asks lvmd for the default class's
+        # LVs (upstream's fallback), so only lvmd itself can say NOT_FOUND
+        request = csi.NodeExpandVolumeRequest(
+            volume_id="no-such-volume", volume_path="/run/kubelet/x/mount"
         )
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            await stub.NodePublishVolume(request, timeout=30)
-        assert err.value.code() == grpc.StatusCode.NOT_FOUND, err.value.details()
+
+        async def answered() -> grpc.aio.AioRpcError | None:
+            try:
+                await stub.NodeExpandVolume(request, timeout=30)
+            except grpc.aio.AioRpcError as e:
+                return None if e.code() == grpc.StatusCode.UNAVAILABLE else e
+            raise AssertionError("an unknown volume was expanded")
+
+        err = await eventually("an answer with lvmd back", answered, timeout=30, interval=0.2,
+                               details=node.node_log)  # fmt: skip
+        assert (err.code(), err.details()) == (
+            grpc.StatusCode.NOT_FOUND, "failed to find LV: no-such-volume"
+        )  # fmt: skip
     assert node.daemon("topolvm-node")["running"], node.node_log()
     assert node.signal("topolvm-node", "SIGTERM", wait=60) == {"running": False, "rc": 0}
     assert node.signal("lvmd", "SIGTERM", wait=30) == {"running": False, "rc": 0}

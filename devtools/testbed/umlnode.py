@@ -211,6 +211,8 @@ class UmlNode:
         """Start a daemon that :meth:`spawn` started before (after it exited or was killed)
         with the same command; for lvmd, wait for its socket."""
         argv, env = self._spawned[name]
+        if name in self._sockets:  # a killed lvmd leaves its socket file; wait for the new one
+            self.exec("rm", "-f", self._sockets[name])
         self.spawn(name, argv, env)
         if name in self._sockets:
             self._wait_socket(name, self._sockets[name])
