@@ -13,7 +13,7 @@ APT_PACKAGES := lvm2 xfsprogs btrfs-progs e2fsprogs iproute2 util-linux nftables
 	build-essential flex bison bc patch xz-utils libseccomp-dev pkg-config
 STAMP := $(VENV)/.installed
 
-.PHONY: help deps apt venv gotools tools umlkernel lint typecheck test test-unit demo demo-lvmd image bench bench-scheduler bench-kubelet cluster-up cluster-down clean
+.PHONY: help deps apt venv gotools tools umlkernel lint typecheck test test-unit chaos demo demo-lvmd image bench bench-scheduler bench-kubelet cluster-up cluster-down clean
 
 help:
 	@echo "make demo   - a real control plane, helm install of charts/topolvm, a Vault StatefulSet on 3"
@@ -73,6 +73,12 @@ typecheck: venv
 
 test: deps gotools tools umlkernel lint typecheck
 	$(VENV)/bin/pytest
+
+# The crash campaign (tests/test_cluster_chaos.py, docs/reliability.md): seeded runs, each one
+# operation with one SIGKILL or power loss; CHAOS_RUNS=100 for the long one.
+CHAOS_RUNS ?= 10
+chaos: deps gotools tools umlkernel
+	TOPOLVM_CHAOS_RUNS=$(CHAOS_RUNS) $(VENV)/bin/pytest tests/test_cluster_chaos.py
 
 test-unit: venv
 	$(VENV)/bin/pytest -m "not uml and not cluster and not image"
