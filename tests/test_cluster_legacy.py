@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 from lightkube import AsyncClient
@@ -14,6 +15,7 @@ from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import SIDECAR_BINARIES, DriverStack
 from devtools.testbed.umlnode import UmlNode
 from tests.cluster_fixtures import unique
+from tests.helpers import eventually
 from tests.lvm_fixtures import THICK
 from tests.provisioning import Scenario, bound, claim, pod, scheduled, shared_nodes
 from topolvm.constants import LEGACY, NORMAL
@@ -67,8 +69,13 @@ async def one(
 async def test_legacy_names_end_to_end(one: Scenario) -> None:
     s = one
     uml = s.nodes[0]
-    csinode = json.loads(s.cp.kubectl("get", "csinode", uml.name, "-o", "json"))
-    assert csinode["spec"]["drivers"] == [
+
+    def drivers() -> Any:  # the kubelet writes them once topolvm-node registered
+        csinode = json.loads(s.cp.kubectl("get", "csinode", uml.name, "-o", "json"))
+        return csinode["spec"].get("drivers")
+
+    registered = await eventually("the kubelet's CSINode entry", drivers, timeout=60)
+    assert registered == [
         {"name": LEGACY.plugin, "nodeID": uml.name, "topologyKeys": [LEGACY.topology_key]}
     ]
     node = json.loads(s.cp.kubectl("get", "node", uml.name, "-o", "json"))
