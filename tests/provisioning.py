@@ -19,7 +19,6 @@ from lightkube.resources.core_v1 import Event, PersistentVolume, PersistentVolum
 from devtools import nodeimages
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.kubelet import block_target, mount_target
-from devtools.testbed.kubenode import KUBELET_DIR
 from devtools.testbed.umlnode import UmlNode
 from tests.cluster_fixtures import GROUP_LABEL, NodeSet, node_annotations, unique
 from tests.helpers import eventually
@@ -179,11 +178,7 @@ async def published(client: AsyncClient, pod_obj: dict[str, Any]) -> list[Publis
         assert pv is not None
         block = pv["spec"].get("volumeMode") == "Block"
         pv_name = pv["metadata"]["name"]
-        target = (
-            block_target(uid, pv_name, KUBELET_DIR)
-            if block
-            else mount_target(uid, pv_name, KUBELET_DIR)
-        )
+        target = block_target(uid, pv_name) if block else mount_target(uid, pv_name)
         found.append(Published(claim_name, pv_name, pv["spec"]["csi"]["volumeHandle"], target,
                                block))  # fmt: skip
     return found

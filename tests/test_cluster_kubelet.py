@@ -24,7 +24,7 @@ from devtools.testbed.kubenode import CONTAINERD_SOCKET, KubeNode
 from devtools.testbed.umlnode import UmlNode
 from tests.cluster_fixtures import GROUP_LABEL, NodeSet, chart_release, unique
 from tests.helpers import eventually
-from tests.provisioning import NS, GiB, Scenario, bound, claim, pod
+from tests.provisioning import NS, GiB, Published, Scenario, bound, claim, pod
 from topolvm.k8s import api
 
 pytestmark = [pytest.mark.cluster, pytest.mark.asyncio(loop_scope="module")]
@@ -84,6 +84,16 @@ async def s(control_plane: ControlPlane, cluster: Cluster) -> AsyncIterator[Scen
             await scenario.clean()
         finally:
             await client.close()
+
+
+async def _app_with_a_file(s: Scenario, text: str) -> tuple[str, str, Published, UmlNode]:
+    """A pod with a new 1 GiB claim, running, that wrote ``text`` into ``/<claim>/f``: the
+    claim, the pod, what its kubelet published and the node."""
+    data, app = unique("data"), unique("app")
+    s.apply(claim(data, SC, "1Gi"), pod(app, s.group, [data]))
+    [fs] = await s.running(app)
+    s.exec(app, f"echo {text} > /{data}/f && sync")
+    return data, app, fs, _node_of(s, app)
 
 
 def _node_of(s: Scenario, pod_name: str) -> UmlNode:
@@ -154,11 +164,7 @@ async def test_online_expansion_seen_by_df_in_the_container(s: Scenario) -> None
 
 
 async def test_kubelet_restart_with_volumes_mounted(s: Scenario, cluster: Cluster) -> None:
-    data, app = unique("data"), unique("app")
-    s.apply(claim(data, SC, "1Gi"), pod(app, s.group, [data]))
-    [fs] = await s.running(app)
-    s.exec(app, f"echo before > /{data}/f && sync")
-    node = _node_of(s, app)
+    data, app, fs, node = await _app_with_a_file(s, "before")
     kube = cluster.kubes[node.name]
     for sig in ("SIGTERM", "SIGKILL"):  # a restart, then a crash
         await asyncio.to_thread(kube.restart, "kubelet", sig)
@@ -181,11 +187,7 @@ async def test_kubelet_restart_with_volumes_mounted(s: Scenario, cluster: Cluste
 
 
 async def test_node_plugin_container_killed_and_restarted(s: Scenario, cluster: Cluster) -> None:
-    data, app = unique("data"), unique("app")
-    s.apply(claim(data, SC, "1Gi"), pod(app, s.group, [data]))
-    [fs] = await s.running(app)
-    s.exec(app, f"echo kept > /{data}/f && sync")
-    node = _node_of(s, app)
+    data, app, fs, node = await _app_with_a_file(s, "kept")
     plugin = cluster.node_pod(node.name)
     [status] = plugin["status"]["containerStatuses"]
     restarts = status["restartCount"]

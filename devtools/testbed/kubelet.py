@@ -22,12 +22,13 @@ import grpc
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import PersistentVolume, PersistentVolumeClaim, Pod
 
+from devtools.testbed.kubenode import KUBELET_DIR
 from topolvm.k8s import api
 from topolvm.k8s.lvobject import parse_quantity
 from topolvm.proto import csi_pb2 as csi
 from topolvm.proto import csi_pb2_grpc as csi_grpc
 
-KUBELET = "/var/lib/kubelet"
+KUBELET = KUBELET_DIR  # the real kubelet's root (--root-dir), which the paths mirror
 Mode = csi.VolumeCapability.AccessMode
 
 
