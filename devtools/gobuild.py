@@ -57,6 +57,9 @@ class Group:
     # Modules whose files (not binaries) tests need, copied next to the binaries.
     files: dict[str, tuple[str, str]] = field(default_factory=dict)
     cold_minutes: int = 2
+    # Built only when named (`python -m devtools.gobuild crictl`): no test needs it, and a cold
+    # build would cost every clean CI run its minutes.
+    on_demand: bool = False
 
 
 GROUPS: tuple[Group, ...] = (
@@ -151,6 +154,7 @@ GROUPS: tuple[Group, ...] = (
         {"crictl": "sigs.k8s.io/cri-tools/cmd/crictl"},
         ldflags=("-X sigs.k8s.io/cri-tools/pkg/version.Version={bare}",),  # as its Makefile does
         cold_minutes=4,
+        on_demand=True,
     ),
 )
 
@@ -276,12 +280,13 @@ def _build_into(group: Group, tmp: Path) -> None:
 
 
 def ensure(*names: str) -> dict[str, Path]:
-    """Paths of the named binaries (or file folders), building each missing group once."""
+    """Paths of the named binaries (or file folders), building each missing group once; with no
+    name, every group but the on-demand ones."""
     wanted = set(names)
     found: dict[str, Path] = {}
     for group in GROUPS:
         provides = set(group.binaries) | set(group.files)
-        if names and not wanted & provides:
+        if (names and not wanted & provides) or (not names and group.on_demand):
             continue
         folder = build(group)
         found.update({n: folder / n for n in provides})
@@ -323,7 +328,7 @@ def versions() -> dict[str, str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("names", nargs="*", help="binaries to build (default: all)")
+    parser.add_argument("names", nargs="*", help="binaries to build (default: all but crictl)")
     parser.add_argument("--versions", action="store_true", help="print the pinned versions")
     args = parser.parse_args()
     if args.versions:
