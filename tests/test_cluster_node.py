@@ -376,7 +376,8 @@ async def test_capacity_annotations_follow_lvm_and_node_finalizer(
             == before - GiB
         )
 
-    await eventually("annotation after an LV made outside", lowered, timeout=90)
+    # the kernel's device event, not the periodic report (every 600 s)
+    await eventually("annotation after an LV made outside", lowered, timeout=15)
     samples = await asyncio.to_thread(metrics, node)
     assert samples["topolvm_volumegroup_available_bytes", "ssd"] == vg_free - spare - GiB
 

@@ -65,8 +65,11 @@ async def test_watch_initial_and_after_changes(both: LvmdClient) -> None:
 async def test_watch_periodic_refresh_sees_outside_changes(
     vgs: VolumeGroups, lvmd_factory: Any
 ) -> None:
+    """The safety net alone (device events off): the periodic report."""
     vgs.create("vg1", size_gib=8)
-    client: LvmdClient = await lvmd_factory([THICK], options={"refresh_interval": 0.3})
+    client: LvmdClient = await lvmd_factory(
+        [THICK], options={"refresh_interval": 0.3, "device_events": False}
+    )
     stream = client.vg.Watch(pb.Empty())
     first = await next_watch(stream, 10)
     lvm("lvcreate", "-n", "outside", "-L", "1g", "-y", "vg1")  # not through lvmd
@@ -75,6 +78,47 @@ async def test_watch_periodic_refresh_sees_outside_changes(
     names = [v.name for v in (await client.vg.GetLVList(pb.GetLVListRequest())).volumes]
     assert names == ["outside"]
     stream.cancel()
+
+
+async def test_outside_changes_are_seen_from_device_events_alone(
+    vgs: VolumeGroups, lvmd_factory: Any
+) -> None:
+    """No periodic report in the test's time (an hour's interval): an lvcreate, lvextend and
+    lvremove made outside lvmd reach the Watch, GetLVList and GetFreeBytes within seconds, each
+    for one report; lvmd's own changes cause none."""
+    vgs.create("vg1", size_gib=8)
+    client: LvmdClient = await lvmd_factory([THICK], options={"refresh_interval": 3600})
+    state = client.server.state
+    watch = WatchReader(client)
+    first = await watch.until_quiet()
+    assert client.server.device_events is not None and client.server.device_events.events == 0
+
+    async def seen(change: list[str], free: int) -> None:
+        """The change reaches the Watch (each read waits at most 10 s) for one report."""
+        reports = state.refreshes
+        lvm(*change)  # not through lvmd
+        while (await watch.until_quiet()).free_bytes != free:
+            pass
+        assert state.refreshes == reports + 1, change
+
+    await seen(["lvcreate", "-n", "outside", "-L", "1g", "-y", "vg1"], first.free_bytes - GiB)
+    names = [v.name for v in (await client.vg.GetLVList(pb.GetLVListRequest())).volumes]
+    assert names == ["outside"]
+    await seen(["lvextend", "-L", "+512m", "vg1/outside"], first.free_bytes - GiB - 512 * MiB)
+    free = await client.vg.GetFreeBytes(pb.GetFreeBytesRequest(device_class="ssd"))
+    assert free.free_bytes == first.free_bytes - GiB - 512 * MiB
+    await seen(["lvremove", "-f", "vg1/outside"], first.free_bytes)
+    assert state.device_refreshes == 3
+
+    # lvmd's own changes: their events come, and cost no report
+    events = client.server.device_events.events
+    await client.lv.CreateLV(pb.CreateLVRequest(name="own", size_bytes=GiB))
+    await client.lv.ResizeLV(pb.ResizeLVRequest(name="own", size_bytes=2 * GiB))
+    await client.lv.RemoveLV(pb.RemoveLVRequest(name="own"))
+    assert (await watch.until_quiet()).free_bytes == first.free_bytes
+    assert client.server.device_events.events > events, "the kernel announced lvmd's changes"
+    assert state.device_refreshes == 3, "lvmd's own changes re-read LVM"
+    watch.close()
 
 
 class WatchReader:

@@ -15,6 +15,7 @@ from topolvm.config.lvmd import LvmdConfig, load_lvmd_config
 from topolvm.lvm.command import DEFAULT_PREFIX
 from topolvm.lvm.errors import LvmError
 from topolvm.lvmd.server import Options, health_check, serve
+from topolvm.lvmd.state import DEFAULT_REFRESH_INTERVAL
 
 log = logging.getLogger("topolvm.lvmd")
 DEFAULT_CONFIG = "/etc/topolvm/lvmd.yaml"
@@ -38,8 +39,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--refresh-interval",
         type=positive_seconds,
-        default=60.0,
-        help="seconds between LVM state refreshes when nothing changes (default 60)",
+        default=DEFAULT_REFRESH_INTERVAL,
+        help="seconds between safety-net LVM state refreshes; changes made outside lvmd are "
+        "seen from the kernel's device events at once (default 600)",
     )
     p.add_argument(
         "--command-timeout",

@@ -16,6 +16,7 @@ from topolvm.daemon import Parts, StartupError, serve_grpc, serve_metrics
 from topolvm.lvm.command import LvmRunner
 from topolvm.lvm.report import Report
 from topolvm.lvmd.capacity import PoolMissing, find_pool
+from topolvm.lvmd.devices import DeviceEvents
 from topolvm.lvmd.lvservice import LVService
 from topolvm.lvmd.state import DEFAULT_REFRESH_INTERVAL, LvmState
 from topolvm.lvmd.vgservice import VGService
@@ -42,6 +43,9 @@ def check_device_classes(config: LvmdConfig, report: Report) -> None:
 class Options:
     refresh_interval: float = DEFAULT_REFRESH_INTERVAL
     watch_interval: float = 600.0
+    # follow the kernel's block-device events (changes made outside lvmd); off: only the
+    # periodic refresh sees them
+    device_events: bool = True
     command_timeout: float = 120.0
     # process metrics (upstream serves them too); None: not served. Only the lvmd process
     # serves them, not an lvmd embedded in topolvm-node.
@@ -63,6 +67,7 @@ class LvmdServer:
         self.vg = VGService(config, self.state)
         self.health = health_async.HealthServicer()
         self.parts = parts if parts is not None else Parts("lvmd")
+        self.device_events: DeviceEvents | None = None
 
     async def open(self) -> None:
         """Read LVM, check every device class, and keep the state fresh in the background."""
@@ -72,6 +77,15 @@ class LvmdServer:
         self.parts.spawn(
             self.state.run_timer(opts.refresh_interval, opts.watch_interval), "lvm-refresh"
         )
+        if opts.device_events:
+            self.device_events = DeviceEvents(self.state.check_devices)
+            if (failed := self.device_events.open()) is None:
+                self.parts.spawn(self.device_events.run(self.state.closing), "device-events")
+            else:
+                log.warning(
+                    "changes made outside lvmd will be seen at the periodic refresh only",
+                    extra={"reason": failed, "refresh_interval": opts.refresh_interval},
+                )
 
     async def end_watches(self) -> None:
         """End every Watch stream (they would hold a graceful gRPC stop for its whole grace)."""

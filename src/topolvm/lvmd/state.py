@@ -7,8 +7,11 @@ after an allocation with lvcreate options, may differ); readers that need exact 
 Some changes leave the model's capacity exact although it is dirty (a plain linear LV takes or
 frees exactly its size from the VG): the Watch stream then reports from the model with no
 ``fullreport``, which would hold the lock for longer than an ``lvcreate`` takes in a burst.
-A timer refreshes it too, so changes made outside lvmd are seen within one refresh interval and
-an idle node costs one LVM report per interval.
+Changes made outside lvmd are seen from the kernel's block-device events
+(:mod:`topolvm.lvmd.devices`): a report runs only when the node's block devices differ from what
+lvmd last knew (:meth:`LvmState.check_devices`), so lvmd's own changes never cause one. A timer
+refreshes it too, as a safety net for what no device shows (default every 10 minutes): an idle
+node costs one LVM report per interval.
 """
 
 from __future__ import annotations
@@ -16,20 +19,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from topolvm.lvm.command import LvmRunner
 from topolvm.lvm.report import FULLREPORT_ARGS, LvRecord, Report, parse_report
+from topolvm.lvmd.devices import Fingerprint, fingerprint
 from topolvm.process import stopped_within
 
 log = logging.getLogger(__name__)
 
-DEFAULT_REFRESH_INTERVAL = 60.0
+DEFAULT_REFRESH_INTERVAL = 600.0  # upstream lvmd re-reads LVM every 10 minutes
 WATCH_INTERVAL = 600.0  # upstream sends a Watch message at least every 10 minutes
 
 
 class LvmState:
-    def __init__(self, runner: LvmRunner):
+    def __init__(self, runner: LvmRunner, devices: Callable[[], Fingerprint] = fingerprint):
         self.runner = runner
+        self.devices = devices
+        # The block devices as of the last report or lvmd's own last change: a device event
+        # that leaves them so was lvmd's own (or changed nothing LVM reports).
+        self._seen_devices: Fingerprint | None = None
+        self.device_refreshes = 0  # reports run because the block devices changed
         # Serialises lvmd's mutations with each other and with refreshes, so that a
         # check-then-act (exists? enough space?) is atomic and no refresh overwrites a
         # mutation's update with an older report.
@@ -54,6 +64,9 @@ class LvmState:
         return self._capacity_exact
 
     async def _load(self) -> Report:
+        # before the report: a change in between shows in the report, and again in the next
+        # comparison (one extra report), never in neither
+        self._seen_devices = self.devices()
         report = parse_report(await self.runner.report(*FULLREPORT_ARGS))
         self._report = report
         self._dirty = False
@@ -91,6 +104,22 @@ class LvmState:
             self.notify()
         return new
 
+    async def check_devices(self) -> bool:
+        """After block-device events: refresh (and notify watchers) only if the node's block
+        devices differ from what lvmd last knew; returns whether a report ran. Waits for a
+        mutation in progress, whose own events then match what it recorded."""
+        async with self.lock:
+            if self._report is not None and self.devices() == self._seen_devices:
+                return False
+            old = self._report
+            new = await self._load()
+            self.device_refreshes += 1
+        log.info("LVM changed outside lvmd; state re-read",
+                 extra={"device_refreshes": self.device_refreshes})  # fmt: skip
+        if new != old:
+            self.notify()
+        return True
+
     async def capacity_report(self) -> Report:
         """What a Watch message is computed from: the model while its capacity is exact (after
         the mutation that runs now, if any), else a new report."""
@@ -120,6 +149,7 @@ class LvmState:
         self._dirty = True
         self._capacity_exact = capacity_exact
         self.last_change = time.monotonic()
+        self._seen_devices = self.devices()  # lvmd's own change: its device events are expected
         self.notify()
 
     def record_linear(self, full_name: str) -> None:
