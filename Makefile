@@ -13,7 +13,7 @@ APT_PACKAGES := lvm2 xfsprogs btrfs-progs e2fsprogs iproute2 util-linux nftables
 	build-essential flex bison bc patch xz-utils libseccomp-dev pkg-config
 STAMP := $(VENV)/.installed
 
-.PHONY: help deps apt venv gotools tools umlkernel lint typecheck test test-unit chaos demo demo-lvmd image bench bench-scheduler bench-kubelet cluster-up cluster-down clean
+.PHONY: help deps apt venv gotools tools umlkernel lint typecheck test test-unit chaos demo demo-lvmd image bench bench-scheduler bench-kubelet bench-idle cluster-up cluster-down clean
 
 help:
 	@echo "make demo   - a real control plane, helm install of charts/topolvm, a Vault StatefulSet on 3"
@@ -21,7 +21,8 @@ help:
 	@echo "              its containers write, a volume is resized online, snapshotted, all removed"
 	@echo "make demo-lvmd - lvmd and topolvm-node alone inside User-Mode Linux (no control plane)"
 	@echo "make test   - ruff, mypy --strict and every pytest tier (unit, real LVM in UML, real control plane)"
-	@echo "make bench  - lvmd RPCs vs the bare LVM commands (inside UML), scheduler extender latency"
+	@echo "make bench  - lvmd RPCs vs the bare LVM commands (inside UML), scheduler extender latency,"
+	@echo "              a node's idle cost"
 
 deps: apt venv
 
@@ -109,11 +110,17 @@ bench: deps gotools umlkernel
 	$(PY) -m bench.scheduler_bench
 	$(PY) -m bench.controller_bench
 	$(PY) -m bench.kubelet_bench
+	$(PY) -m bench.idle_bench
 
 # PVC + pod -> container running on real kubelet nodes with the chart, against the kubelet
 # stand-in; node start -> Ready; each node's memory (bench/kubelet_bench.py).
 bench-kubelet: deps gotools umlkernel
 	$(PY) -m bench.kubelet_bench
+
+# A node's idle cost (LVM commands/min, CPU s/min, RSS, private memory), embedded lvmd and split
+# (bench/idle_bench.py), beside upstream's figures.
+bench-idle: deps gotools umlkernel
+	$(PY) -m bench.idle_bench
 
 bench-scheduler: venv
 	$(PY) -m bench.scheduler_bench

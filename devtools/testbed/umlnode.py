@@ -62,6 +62,7 @@ class UmlNode:
     # what spawn() started: name -> (argv, env); lvmd's sockets by daemon name
     _spawned: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict, repr=False)
     _sockets: dict[str, str] = field(default_factory=dict, repr=False)
+    pids: dict[str, int] = field(default_factory=dict, repr=False)  # daemon name -> guest pid
     _boot_steps: list[list[str]] = field(default_factory=list, repr=False)
 
     @property
@@ -203,9 +204,12 @@ class UmlNode:
     async def aexec(self, *argv: str, check: bool = True, timeout: float = 120) -> Exec:
         return await asyncio.to_thread(self.exec, *argv, check=check, timeout=timeout)
 
-    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
-        self._call("/spawn", {"name": name, "argv": argv, "env": env or {}})
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
+        """Start a daemon in the guest; returns its process id there."""
+        res = self._call("/spawn", {"name": name, "argv": argv, "env": env or {}})
         self._spawned[name] = (argv, env or {})
+        self.pids[name] = int(res["pid"])
+        return self.pids[name]
 
     def respawn(self, name: str) -> None:
         """Start a daemon that :meth:`spawn` started before (after it exited or was killed)
@@ -272,13 +276,16 @@ class UmlNode:
         self.exec("mkdir", "-p", "/run/topolvm")
         return config
 
-    def start_lvmd(self, device_classes: list[dict[str, Any]], name: str = "lvmd") -> str:
-        """A separate ``topolvm lvmd`` daemon in the guest; returns its socket path."""
+    def start_lvmd(
+        self, device_classes: list[dict[str, Any]], name: str = "lvmd", *extra: str
+    ) -> str:
+        """A separate ``topolvm lvmd`` daemon in the guest (``extra``: more of its flags, say
+        ``--command-timeout=5``); returns its socket path."""
         config = self._config(name, device_classes)
         self.spawn(
             name,
             [sys.executable, "-m", "topolvm", "lvmd", f"--config={config}",
-             "--metrics-bind-address=:8081"],
+             "--metrics-bind-address=:8081", *extra],
         )  # fmt: skip
         socket = f"/run/topolvm/{name}-lvmd.sock"
         self._sockets[name] = socket
@@ -300,15 +307,16 @@ class UmlNode:
         name: str = "topolvm-node",
         lvmd_socket: str | None = None,
         token: str | None = None,
+        server: str | None = None,
     ) -> None:
-        """``topolvm node`` for this node against the host's API server: with lvmd embedded
-        (``device_classes``), or using the lvmd at ``lvmd_socket``; as admin, or with ``token``
-        (a ServiceAccount's). On a Kubernetes node it registers itself with the kubelet."""
+        """``topolvm node`` for this node against the host's API server (or ``server``, say a
+        fault proxy's URL): with lvmd embedded (``device_classes``), or using the lvmd at
+        ``lvmd_socket``; as admin, or with ``token`` (a ServiceAccount's). On a Kubernetes node
+        it registers itself with the kubelet."""
         folder = self.workdir / self.name
         folder.mkdir(parents=True, exist_ok=True)
-        kubeconfig = cp.write_kubeconfig(
-            folder / f"kubeconfig-{name}", f"https://{host_address(self.index)}:{API_PORT}", token
-        )
+        server = server or f"https://{host_address(self.index)}:{API_PORT}"
+        kubeconfig = cp.write_kubeconfig(folder / f"kubeconfig-{name}", server, token)
         if lvmd_socket:
             self.exec("mkdir", "-p", "/run/topolvm")
             lvmd = [f"--lvmd-socket={lvmd_socket}"]
