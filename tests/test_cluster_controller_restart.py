@@ -1,15 +1,16 @@
 """topolvm-controller SIGKILLed in the middle of CreateVolume, DeleteVolume and an expansion:
 after the restart (and the sidecars' retries) each operation completes, with no duplicate and
-no orphan LV."""
+no orphan LV, and a retried CreateVolume counts its volume's bytes once."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import grpc
 import pytest
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import PersistentVolume, PersistentVolumeClaim
+from lightkube.resources.core_v1 import Node, PersistentVolume, PersistentVolumeClaim
 
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import DriverStack
@@ -20,6 +21,8 @@ from tests.lvm_fixtures import THICK
 from tests.provisioning import NS, GiB, Scenario, bound, claim, pvc, shared_nodes
 from topolvm.constants import NORMAL
 from topolvm.k8s import api
+from topolvm.proto import csi_pb2 as csi
+from topolvm.proto import csi_pb2_grpc as csi_grpc
 
 pytestmark = pytest.mark.cluster
 LV = api.logicalvolume_resource(NORMAL)
@@ -115,3 +118,50 @@ async def test_kill_during_create_delete_and_expand(one: Scenario, driver: Drive
 
     await eventually("PV, LogicalVolume and LV gone", all_gone, timeout=120)
     assert await pvc(s.client, data) is None
+
+
+async def test_a_create_retried_after_a_restart_counts_its_bytes_once(
+    one: Scenario, driver: DriverStack
+) -> None:
+    """csi-provisioner retries a CreateVolume the killed controller had started; the LV exists
+    by then, and the node's annotation counts it. GetCapacity must match that annotation: a new
+    reservation for the retry was never ended (the annotation does not change again), so the
+    node's capacity read 1 GiB short for the 120 s settle timeout (found by the crash campaign,
+    where the CSIStorageCapacity check then failed)."""
+    uml = one.nodes[0]
+    topology = csi.Topology(segments={NORMAL.topology_key: uml.name})
+    request = csi.CreateVolumeRequest(
+        name=unique("pvc-retried"),
+        capacity_range=csi.CapacityRange(required_bytes=GiB),
+        volume_capabilities=[csi.VolumeCapability(
+            mount=csi.VolumeCapability.MountVolume(fs_type="ext4"),
+            access_mode=csi.VolumeCapability.AccessMode(
+                mode=csi.VolumeCapability.AccessMode.SINGLE_NODE_WRITER))],
+        accessibility_requirements=csi.TopologyRequirement(preferred=[topology]),
+    )  # fmt: skip
+    async with grpc.aio.insecure_channel(f"unix:{driver.socket}") as channel:
+        stub = csi_grpc.ControllerStub(channel)
+        first = await stub.CreateVolume(request, timeout=120)
+        try:
+            driver.kill_controller()
+            driver.restart_after_crash()
+            retried = await stub.CreateVolume(request, timeout=120)
+            assert retried.volume.volume_id == first.volume.volume_id
+
+            async def counted_once() -> tuple[int, int] | None:
+                node = await api.get(one.client, Node, uml.name)
+                if node is None:
+                    return None
+                annotated = int(node["metadata"]["annotations"][NORMAL.capacity_annotation("")])
+                reply = await stub.GetCapacity(
+                    csi.GetCapacityRequest(accessible_topology=topology), timeout=10
+                )
+                got = reply.available_capacity
+                return (got, annotated) if got == annotated else None
+
+            await eventually("GetCapacity equal to the node's annotation", counted_once,
+                             timeout=20, interval=0.5)  # fmt: skip
+        finally:
+            await stub.DeleteVolume(
+                csi.DeleteVolumeRequest(volume_id=first.volume.volume_id), timeout=120
+            )

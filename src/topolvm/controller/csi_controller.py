@@ -264,10 +264,16 @@ class ControllerService(csi_grpc.ControllerServicer):
         return lv
 
     async def _create_and_wait(self, req: VolumeRequest) -> LogicalVolumeObject:
-        self.inflight.reserve(
-            req.name, req.node_name, req.device_class, req.size,
-            self._annotation(req.node_name, req.device_class),
-        )  # fmt: skip
+        existing = await self.store.get(req.name)
+        if existing is None or not existing.volume_id:
+            self.inflight.reserve(
+                req.name, req.node_name, req.device_class, req.size,
+                self._annotation(req.node_name, req.device_class),
+            )  # fmt: skip
+        # else a retry of a volume whose LV was made before this process reserved it (say, it
+        # restarted after the node made it): the node's annotation counts it already and will
+        # not change again to end a reservation, which would count its bytes a second time until
+        # the settle timeout (found by the crash campaign)
         self._export_in_flight()
         try:
             await self.store.create(req)
