@@ -139,17 +139,19 @@ class UmlNode:
                 f"{self.console}:\n{tail(self.console)}"
             ) from exc
 
-    def power_cycle(self, timeout: float = 120) -> None:
+    def power_cycle(self, timeout: float = 120) -> str:
         """A power loss and a boot: UML is SIGKILLed (what the guest had not written to its
         disks is lost, its tmpfs /run with it), booted again on the same disks, its VGs'
         LVs activated (what the distribution's boot does: LVM autoactivation), and the
-        daemons started by :meth:`spawn` started again in their order."""
+        daemons started by :meth:`spawn` started again in their order. Returns what the
+        activation printed if an LV could not be activated ("" if all were): a boot goes on
+        without that LV, and so does this."""
         if self._proc is not None:
             kill_group(self._proc.pid)
         self._boot.close()
         self._proc = None
         self._power_on(timeout)
-        self.lvm("vgchange", "-ay")
+        activation = self.exec(LVM, "vgchange", "-ay", check=False)
         self.exec("mkdir", "-p", "/run/topolvm")  # the chart's hostPath, DirectoryOrCreate
         for step in self._boot_steps:
             self.exec(*step)
@@ -157,6 +159,7 @@ class UmlNode:
             self.spawn(name, argv, env)
             if name in self._sockets:
                 self._wait_socket(name, self._sockets[name])
+        return activation.stderr.strip() if activation.rc else ""
 
     def on_boot(self, argv: list[str]) -> None:
         """Run ``argv`` after every later boot (:meth:`power_cycle`), before the daemons."""
