@@ -124,10 +124,10 @@ async def test_a_create_retried_after_a_restart_counts_its_bytes_once(
     one: Scenario, driver: DriverStack
 ) -> None:
     """csi-provisioner retries a CreateVolume the killed controller had started; the LV exists
-    by then, and the node's annotation counts it. GetCapacity must match that annotation: a new
-    reservation for the retry was never ended (the annotation does not change again), so the
-    node's capacity read 1 GiB short for the 120 s settle timeout (found by the crash campaign,
-    where the CSIStorageCapacity check then failed)."""
+    by then, and the node's annotation counts it. GetCapacity must match that annotation once
+    the retry's reservation ends, after the 30 s settle delay: it was never ended (the
+    annotation does not change again), so the node's capacity read 1 GiB short for the 120 s
+    settle timeout (found by the crash campaign, where the CSIStorageCapacity check failed)."""
     uml = one.nodes[0]
     topology = csi.Topology(segments={NORMAL.topology_key: uml.name})
     request = csi.CreateVolumeRequest(
@@ -160,7 +160,7 @@ async def test_a_create_retried_after_a_restart_counts_its_bytes_once(
                 return (got, annotated) if got == annotated else None
 
             await eventually("GetCapacity equal to the node's annotation", counted_once,
-                             timeout=20, interval=0.5)  # fmt: skip
+                             timeout=75, interval=0.5)  # fmt: skip
         finally:
             await stub.DeleteVolume(
                 csi.DeleteVolumeRequest(volume_id=first.volume.volume_id), timeout=120

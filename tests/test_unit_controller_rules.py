@@ -119,6 +119,21 @@ def test_settled_reservation_stays_until_the_node_recounts_after_the_delay(clock
     assert f.taken("n1", "ssd") == 0
 
 
+def test_a_reservation_for_a_made_lv_ends_after_the_delay_without_a_change(clock: Clock) -> None:
+    """A CreateVolume retried after the LV was made: the annotation may count it already."""
+    f = InFlight(clock=clock, settle_delay=5, settle_timeout=120)
+    f.reserve("v1", "n1", "ssd", 10, "90", made=True)
+    f.reserve("v2", "n1", "ssd", 20, "90")  # made by this process, settled at the same time
+    f.settle("v1")
+    f.settle("v2")
+    clock.now += 4
+    assert f.taken("n1", "ssd") == 30  # a burst's node may not have re-counted it yet
+    clock.now += 1
+    assert f.taken("n1", "ssd") == 20  # the annotation never changes: ended all the same
+    f.observe("n1", lambda dc: "90")
+    assert f.taken("n1", "ssd") == 20
+
+
 def test_a_lost_update_frees_the_space_after_the_timeout(clock: Clock) -> None:
     f = InFlight(clock=clock, settle_delay=5, settle_timeout=120)
     f.reserve("v1", "n1", "ssd", 10, "100")

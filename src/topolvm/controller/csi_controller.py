@@ -265,15 +265,15 @@ class ControllerService(csi_grpc.ControllerServicer):
 
     async def _create_and_wait(self, req: VolumeRequest) -> LogicalVolumeObject:
         existing = await self.store.get(req.name)
-        if existing is None or not existing.volume_id:
-            self.inflight.reserve(
-                req.name, req.node_name, req.device_class, req.size,
-                self._annotation(req.node_name, req.device_class),
-            )  # fmt: skip
-        # else a retry of a volume whose LV was made before this process reserved it (say, it
-        # restarted after the node made it): the node's annotation counts it already and will
-        # not change again to end a reservation, which would count its bytes a second time until
-        # the settle timeout (found by the crash campaign)
+        # made: a retry of a volume whose LV exists (a restart of this process, or a timed-out
+        # call). The node's annotation may count it already and then never change again to end
+        # the reservation, which would count its bytes twice until the settle timeout (found by
+        # the crash campaign); or not yet (a burst), so it is still reserved, for settle_delay.
+        self.inflight.reserve(
+            req.name, req.node_name, req.device_class, req.size,
+            self._annotation(req.node_name, req.device_class),
+            made=existing is not None and bool(existing.volume_id),
+        )  # fmt: skip
         self._export_in_flight()
         try:
             await self.store.create(req)

@@ -7,7 +7,10 @@ free. Each volume is therefore *taken* from the moment CreateVolume picks a node
 - it failed or was deleted (:meth:`release`), or
 - its LV exists (:meth:`settle`) and, at least ``settle_delay`` later, the annotation differs
   from its value at the reservation (the node has re-counted with the LV in it), or
-  ``settle_timeout`` passed since it settled (a lost update must not hide space for ever).
+  ``settle_timeout`` passed since it settled (a lost update must not hide space for ever), or
+- it was reserved for an LV that already existed (a CreateVolume retried, say after a restart of
+  the controller) and ``settle_delay`` passed: the node may have counted it before the
+  reservation, and then its annotation will not change again to end it.
 LogicalVolumes other replicas are creating come from the informer (:meth:`creating`).
 """
 
@@ -32,7 +35,14 @@ class Reservation:
     device_class: str
     size: int
     annotation: str | None  # the node's annotation value when reserved
+    made: bool = False  # the LV existed already when reserved
     settled_at: float | None = None
+
+    def over(self, now: float, changed: bool, delay: float, timeout: float) -> bool:
+        if self.settled_at is None:
+            return False
+        age = now - self.settled_at
+        return (age >= delay and (changed or self.made)) or age > timeout
 
 
 class InFlight:
@@ -48,12 +58,18 @@ class InFlight:
         self._by_name: dict[str, Reservation] = {}
 
     def reserve(
-        self, name: str, node: str, device_class: str, size: int, annotation: str | None
+        self,
+        name: str,
+        node: str,
+        device_class: str,
+        size: int,
+        annotation: str | None,
+        made: bool = False,
     ) -> None:
         """Count ``size`` bytes as taken on (node, device class); a retry of the same name
-        keeps the first reservation."""
+        keeps the first reservation. ``made``: the LV exists already."""
         if name not in self._by_name:
-            self._by_name[name] = Reservation(name, node, device_class, size, annotation)
+            self._by_name[name] = Reservation(name, node, device_class, size, annotation, made)
 
     def settle(self, name: str) -> None:
         """The LV exists. The reservation stays until :meth:`observe` sees the annotation
@@ -70,17 +86,17 @@ class InFlight:
         """A new version of ``node``: drop settled reservations its annotations now include."""
         now = self.clock()
         for r in list(self._by_name.values()):
-            if r.node != node or r.settled_at is None:
+            if r.node != node:
                 continue
-            age = now - r.settled_at
             changed = annotation_of(r.device_class) != r.annotation
-            if (changed and age >= self.settle_delay) or age > self.settle_timeout:
+            if r.over(now, changed, self.settle_delay, self.settle_timeout):
                 del self._by_name[r.name]
 
     def expire(self) -> None:
+        """End what time alone ends: the settle timeout, and reservations for made LVs."""
         now = self.clock()
         for r in list(self._by_name.values()):
-            if r.settled_at is not None and now - r.settled_at > self.settle_timeout:
+            if r.over(now, False, self.settle_delay, self.settle_timeout):
                 del self._by_name[r.name]
 
     def taken(
