@@ -278,6 +278,49 @@ def test_api_errors_are_typed_by_status(
     assert kube.is_transient(e.__cause__) is transient  # the raw error is judged the same way
 
 
+def _http_status_error(code: int, body: bytes | None, content_type: str) -> httpx2.HTTPStatusError:
+    request = httpx2.Request("GET", "https://apiserver/api/v1/nodes?watch=true")
+    stream = httpx2.ByteStream(b"unread")  # a watch's body: lightkube checks the status first
+    response = (
+        httpx2.Response(code, headers={"Content-Type": content_type}, stream=stream,
+                        request=request)
+        if body is None
+        else httpx2.Response(code, headers={"Content-Type": content_type}, content=body,
+                             request=request)
+    )  # fmt: skip
+    with pytest.raises(httpx2.HTTPStatusError) as caught:
+        response.raise_for_status()
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("code", "body", "content_type", "kind", "reason", "transient"),
+    [
+        # a watch refused by API Priority and Fairness: lightkube raises httpx's error
+        (429, None, "application/json", kube.TooManyRequests, "Too Many Requests", True),
+        (500, None, "application/json", kube.ServerError, "Internal Server Error", True),
+        (410, None, "application/json", kube.Gone, "Gone", False),
+        # a Status whose Content-Type carries a parameter: lightkube does not read it
+        (409, b'{"kind":"Status","reason":"Conflict","message":"changed"}',
+         "application/json; charset=utf-8", kube.Conflict, "Conflict", True),
+        (502, b"<html>bad gateway</html>", "text/html", kube.ServerError, "Bad Gateway", True),
+    ],
+)  # fmt: skip
+def test_error_answers_lightkube_leaves_untyped_are_typed_by_status(
+    code: int, body: bytes | None, content_type: str, kind: type[kube.StatusError], reason: str,
+    transient: bool,
+) -> None:  # fmt: skip
+    raw = _http_status_error(code, body, content_type)
+    with pytest.raises(kube.KubeError) as caught, kube.translated():
+        raise raw
+    e = caught.value
+    assert type(e) is kind and isinstance(e, kube.StatusError)
+    assert (e.code, e.reason) == (code, reason)
+    assert e.message == ("changed" if body and b"Status" in body else str(raw).splitlines()[0])
+    assert e.__cause__ is raw
+    assert kube.is_transient(e) is transient and kube.is_transient(raw) is transient
+
+
 def test_transport_errors_are_unreachable_and_other_errors_pass_through() -> None:
     with pytest.raises(kube.Unreachable) as caught, kube.translated():
         raise httpx2.ConnectError("connection refused")

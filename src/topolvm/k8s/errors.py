@@ -23,6 +23,7 @@ happened (``except NotFound``) instead of lightkube's ``ApiError`` plus a status
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncGenerator, AsyncIterable, Iterator
 from typing import TypeVar
 
@@ -107,14 +108,33 @@ _BY_CODE: dict[int, type[StatusError]] = {
 }  # fmt: skip
 
 
-def from_api_error(e: ApiError) -> StatusError:
-    """The typed error for lightkube's ``ApiError``."""
-    code = int(e.status.code or 0)
-    reason, message = e.status.reason or "", e.status.message or str(e)
+def _typed(code: int, reason: str, message: str) -> StatusError:
     if code == 409 and reason == "AlreadyExists":
         return AlreadyExists(code, reason, message)
     kind = _BY_CODE.get(code) or (ServerError if code >= 500 else StatusError)
     return kind(code, reason, message)
+
+
+def from_api_error(e: ApiError) -> StatusError:
+    """The typed error for lightkube's ``ApiError``."""
+    return _typed(int(e.status.code or 0), e.status.reason or "", e.status.message or str(e))
+
+
+def from_http_status(e: httpx2.HTTPStatusError) -> StatusError:
+    """The typed error for an error answer lightkube leaves as httpx's: a watch that could not
+    start (lightkube checks its status with httpx alone), or a body whose Content-Type is not
+    exactly ``application/json`` (a proxy's page, say). A Status in the body, if it was read,
+    gives the reason and message."""
+    response = e.response
+    reason, message = response.reason_phrase, str(e).splitlines()[0]
+    try:
+        body = json.loads(response.content)
+    except Exception:  # a watch's body is not read; a proxy's is not JSON
+        body = None
+    if isinstance(body, dict) and body.get("kind") == "Status":
+        reason = str(body.get("reason") or reason)
+        message = str(body.get("message") or message)
+    return _typed(response.status_code, reason, message)
 
 
 def translate(e: BaseException) -> KubeError | None:
@@ -123,6 +143,8 @@ def translate(e: BaseException) -> KubeError | None:
         return e
     if isinstance(e, ApiError):
         return from_api_error(e)
+    if isinstance(e, httpx2.HTTPStatusError):
+        return from_http_status(e)
     if isinstance(e, httpx2.TransportError):
         return Unreachable(f"cannot reach the Kubernetes API: {type(e).__name__}: {e}")
     return None
@@ -133,7 +155,7 @@ def translated() -> Iterator[None]:
     """Raise the client libraries' errors as :class:`KubeError` subclasses (chained)."""
     try:
         yield
-    except (ApiError, httpx2.TransportError) as e:
+    except (httpx2.HTTPStatusError, httpx2.TransportError) as e:  # ApiError is an HTTPStatusError
         typed = translate(e)
         assert typed is not None
         raise typed from e
