@@ -22,7 +22,6 @@ from the same layout (issue 24) are printed beside ours.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -31,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.outcome import run_kept, save
 from devtools import gobuild, umlkernel
 from devtools.testbed.bed import CLUSTER_BINARIES, THICK, VG, Testbed
 from devtools.testbed.driver import csidriver
@@ -175,25 +175,23 @@ def main() -> int:
     enter_private_netns()
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     shutil.rmtree(WORKDIR, ignore_errors=True)
-    res: dict[str, Any] = {}
-    try:
+
+    def run() -> dict[str, Any]:
+        res: dict[str, Any] = {}
         with Testbed(WORKDIR, bins) as bed:
             bed.start_control_plane()
             bed.kube.apply(csidriver("topolvm.io"))
             for index, mode in enumerate(("embedded", "split"), start=1):
                 res[mode] = measure(bed, index, mode, args)
-    except HarnessError as exc:
-        print(f"error: {exc}\nlogs kept in {WORKDIR}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"interrupted; cleaned up, logs kept in {WORKDIR}", file=sys.stderr)
-        return 130
+        return res
+
+    res, status = run_kept(WORKDIR, run)
+    if res is None:
+        return status
     res["window_s"] = args.window
     shutil.rmtree(WORKDIR, ignore_errors=True)
     report(res)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(res, indent=2) + "\n")
-    print(f"results: {args.json}")
+    save(args.json, res)
     return 0
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import calendar
-import json
 import os
 import re
 import shutil
@@ -40,6 +39,7 @@ from lightkube.resources.core_v1 import PersistentVolume, PersistentVolumeClaim,
 from lightkube.resources.storage_v1 import CSIStorageCapacity
 
 from bench.kubelet_report import report, summary
+from bench.outcome import run_kept, save
 from devtools import gobuild, nodeimages, umlkernel
 from devtools.cluster import RELEASE, RELEASE_NS, VALUES
 from devtools.demo_bed import tools
@@ -391,20 +391,13 @@ def main() -> int:
     enter_private_netns()  # still one thread; gone with this process
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # clean up as on Ctrl-C
     shutil.rmtree(WORKDIR, ignore_errors=True)
-    try:  # on any failure the logs stay in WORKDIR
-        res = run(args, bins, t0)
-    except HarnessError as exc:
-        print(f"error: {exc}\nlogs kept in {WORKDIR}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"interrupted; cleaned up, logs kept in {WORKDIR}", file=sys.stderr)
-        return 130
+    res, status = run_kept(WORKDIR, lambda: run(args, bins, t0))  # failed: logs in WORKDIR
+    if res is None:
+        return status
     shutil.rmtree(WORKDIR, ignore_errors=True)
     report(res)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(res, indent=2) + "\n")
-        print(f"results: {args.json}")
+        save(args.json, res)
     return 0
 
 
