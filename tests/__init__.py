@@ -1,4 +1,2 @@
-import os
-
-# before anything imports grpc: its fork handlers off, as src/topolvm/__init__.py explains
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+# first, before anything imports grpc: topolvm/__init__.py turns its fork handlers off
+import topolvm  # noqa: F401
