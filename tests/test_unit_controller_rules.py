@@ -148,3 +148,31 @@ def test_a_lost_update_frees_the_space_after_the_timeout(clock: Clock) -> None:
     clock.now += 121
     f.observe("n1", lambda dc: "100")
     assert len(f) == 0
+
+
+def test_a_cancelled_create_keeps_its_reservation_for_the_retry(clock: Clock) -> None:
+    """The caller's deadline passed while the node was making the LV: its bytes stay taken."""
+    f = InFlight(clock=clock, settle_delay=5, settle_timeout=120)
+    f.reserve("v1", "n1", "ssd", 10, "90")
+    f.abandon("v1")
+    clock.now += 60
+    f.observe("n1", lambda dc: "80")  # a re-count, maybe for another volume
+    assert f.taken("n1", "ssd") == 10
+    f.reserve("v1", "n1", "ssd", 10, "80", made=True)  # the retry finds the LV made
+    f.settle("v1")
+    clock.now += 5
+    assert f.taken("n1", "ssd") == 10  # the first reservation: ends on a change, not on time
+    f.observe("n1", lambda dc: "80")
+    assert f.taken("n1", "ssd") == 0  # "80" differs from "90", seen after the delay
+
+
+def test_a_cancelled_create_never_retried_frees_the_space_after_the_timeout(
+    clock: Clock,
+) -> None:
+    f = InFlight(clock=clock, settle_delay=5, settle_timeout=120)
+    f.reserve("v1", "n1", "ssd", 10, "90")
+    f.abandon("v1")
+    clock.now += 120
+    assert f.taken("n1", "ssd") == 10
+    clock.now += 1
+    assert f.taken("n1", "ssd") == 0

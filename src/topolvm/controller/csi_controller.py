@@ -10,6 +10,7 @@ kube-scheduler for another node.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -265,10 +266,11 @@ class ControllerService(csi_grpc.ControllerServicer):
 
     async def _create_and_wait(self, req: VolumeRequest) -> LogicalVolumeObject:
         existing = await self.store.get(req.name)
-        # made: a retry of a volume whose LV exists (a restart of this process, or a timed-out
-        # call). The node's annotation may count it already and then never change again to end
-        # the reservation, which would count its bytes twice until the settle timeout (found by
-        # the crash campaign); or not yet (a burst), so it is still reserved, for settle_delay.
+        # made: a retry of a volume whose LV exists, this process holding no reservation for it
+        # (it restarted). The node's annotation may count it already and then never change again
+        # to end the reservation, which would count its bytes twice until the settle timeout
+        # (found by the crash campaign); or not yet, so it is still reserved, for settle_delay.
+        # A retry after a timed-out call keeps that call's reservation (abandoned, below).
         self.inflight.reserve(
             req.name, req.node_name, req.device_class, req.size,
             self._annotation(req.node_name, req.device_class),
@@ -278,6 +280,13 @@ class ControllerService(csi_grpc.ControllerServicer):
         try:
             await self.store.create(req)
             lv = await self.store.wait_created(req.name)
+        except asyncio.CancelledError:
+            # the caller's deadline: the node goes on making the LV, its annotation not counting
+            # it yet. Released, the bytes were offered again (a node got 11 volumes where its
+            # annotation offered 10 in a burst).
+            self.inflight.abandon(req.name)
+            self._export_in_flight()
+            raise
         except BaseException:
             self.inflight.release(req.name)
             self._export_in_flight()

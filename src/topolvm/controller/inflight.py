@@ -8,9 +8,12 @@ free. Each volume is therefore *taken* from the moment CreateVolume picks a node
 - its LV exists (:meth:`settle`) and, at least ``settle_delay`` later, the annotation differs
   from its value at the reservation (the node has re-counted with the LV in it), or
   ``settle_timeout`` passed since it settled (a lost update must not hide space for ever), or
-- it was reserved for an LV that already existed (a CreateVolume retried, say after a restart of
-  the controller) and ``settle_delay`` passed: the node may have counted it before the
-  reservation, and then its annotation will not change again to end it.
+- it was reserved for an LV that already existed (a CreateVolume retried after a restart of the
+  controller, which forgot its reservations) and ``settle_delay`` passed: the node may have
+  counted it before the reservation, and then its annotation will not change again to end it.
+A call cancelled while its LV is being made (the caller's deadline) leaves its reservation
+:meth:`abandon`-ed, not released: the node is still making the LV, and the retry that follows
+keeps and settles that first reservation. One never retried ends ``settle_timeout`` later.
 LogicalVolumes other replicas are creating come from the informer (:meth:`creating`).
 """
 
@@ -37,10 +40,11 @@ class Reservation:
     annotation: str | None  # the node's annotation value when reserved
     made: bool = False  # the LV existed already when reserved
     settled_at: float | None = None
+    abandoned_at: float | None = None  # its call was cancelled before the LV existed
 
     def over(self, now: float, changed: bool, delay: float, timeout: float) -> bool:
         if self.settled_at is None:
-            return False
+            return self.abandoned_at is not None and now - self.abandoned_at > timeout
         age = now - self.settled_at
         return (age >= delay and (changed or self.made)) or age > timeout
 
@@ -78,6 +82,13 @@ class InFlight:
         r = self._by_name.get(name)
         if r is not None and r.settled_at is None:
             r.settled_at = self.clock()
+
+    def abandon(self, name: str) -> None:
+        """The call that reserved ``name`` was cancelled; its LV may still be made. Kept for a
+        retry to settle, or ``settle_timeout`` if none comes."""
+        r = self._by_name.get(name)
+        if r is not None and r.settled_at is None and r.abandoned_at is None:
+            r.abandoned_at = self.clock()
 
     def release(self, name: str) -> None:
         self._by_name.pop(name, None)
