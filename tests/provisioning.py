@@ -221,6 +221,21 @@ class Scenario:
     snapshots: list[str] = field(default_factory=list)
     snapshot_classes: list[str] = field(default_factory=list)
     before: dict[str, dict[str, str]] = field(default_factory=dict)
+    # more to print when a wait times out (a chart's pods and events, say)
+    diagnose: Callable[[], str] | None = None
+
+    def _state(self) -> str:
+        """The storage side of a failed wait: claims, volumes, capacities, LogicalVolumes."""
+        cp = self.cp
+        parts = [
+            cp.kubectl("get", "pvc", "-n", NS, check=False),
+            cp.kubectl("get", "pv", check=False),
+            cp.kubectl("get", "csistoragecapacities", "-A", check=False),
+            cp.kubectl("get", f"logicalvolumes.{self.names.group}", check=False),
+        ]
+        if self.diagnose is not None:
+            parts.append(self.diagnose())
+        return "\n".join(p[-3000:] for p in parts)
 
     @property
     def group(self) -> str:
@@ -295,7 +310,7 @@ class Scenario:
         def details() -> str:
             pod_state = self.cp.kubectl("describe", "pod", name, "-n", NS, check=False)
             nodes = "\n".join(f"{n.name}:\n{n.node_log(lines=10)}" for n in self.nodes)
-            return f"{pod_state[-2500:]}\n{nodes}"
+            return f"{pod_state[-2500:]}\n{nodes}\n{self._state()}"
 
         obj: dict[str, Any] = await eventually(
             f"pod {name} running", started, timeout=timeout, details=details
@@ -342,7 +357,7 @@ class Scenario:
                        in self.claims]  # fmt: skip
             return not mine and not claimed
 
-        await eventually("volumes of the test deleted", gone, timeout=120)
+        await eventually("volumes of the test deleted", gone, timeout=120, details=self._state)
         for n in self.nodes:  # thin pools are the node's set-up, not volumes
             left = {k: v for k, v in n.lvs("vg1").items() if not v["lv_attr"].startswith("t")}
             assert left == {}, f"LVs left on {n.name}: {left}"

@@ -47,6 +47,12 @@ class Cluster:
     kubes: dict[str, KubeNode]
     release: chart.Release
 
+    def diagnose(self) -> str:
+        """The chart's pods, events and controller log's tail, for a wait that timed out."""
+        logs = self.release.logs()
+        ctl = "\n".join(f"--- {k}\n{v[-3000:]}" for k, v in logs.items() if "controller" in k)
+        return f"{self.release.describe()}\n{ctl}"
+
     def node_pod(self, node: str) -> dict[str, Any]:
         """The chart's topolvm-node pod on that node (its DaemonSet's, by component label)."""
         component = "app.kubernetes.io/component"
@@ -75,7 +81,7 @@ def cluster(
 @pytest_asyncio.fixture(loop_scope="module")
 async def s(control_plane: ControlPlane, cluster: Cluster) -> AsyncIterator[Scenario]:
     client = api.make_client(str(control_plane.kubeconfig))
-    scenario = Scenario(control_plane, client, cluster.nodes)
+    scenario = Scenario(control_plane, client, cluster.nodes, diagnose=cluster.diagnose)
     await scenario.record()
     try:
         yield scenario
