@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from devtools.testbed.pki import Pki
-from devtools.testbed.process import Child, HarnessError, http_get
+from devtools.testbed.process import Child, HarnessError, http_get, kill_group
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS = REPO / "deploy" / "crds"
@@ -132,6 +132,32 @@ class ControlPlane:
         for name in reversed(list(self.children)):
             self.children.pop(name).stop()
         shutil.rmtree(self.workdir / "etcd", ignore_errors=True)
+
+    def restart(self, name: str, *, crash: bool = False, down: float = 0.0) -> None:
+        """Stop one running component (``etcd``, ``kube-apiserver``, ``kube-controller-manager``,
+        a ``kube-scheduler``) and start it again with the same command line, waiting until it is
+        healthy: SIGTERM and its graceful shutdown, or with ``crash`` a SIGKILL of its process
+        group; ``down`` seconds in between. etcd keeps its data folder (only :meth:`stop` drops
+        it), the API server its certificates; logs go on in the same file. Call it on the
+        thread that lives as long as the control plane (not ``asyncio.to_thread``): the child
+        gets SIGKILL when the thread that started it ends (``process.die_with_parent``)."""
+        child = self.children[name]
+        if crash and child.proc is not None:
+            kill_group(child.proc.pid)
+            child.proc.wait()
+            child.proc = None
+        child.stop()
+        time.sleep(down)
+        child.start()
+        child.wait_until("healthy again", lambda: self._healthy(name, child), timeout=120)
+
+    def _healthy(self, name: str, child: Child) -> bool:
+        if name == "etcd":
+            return b'"true"' in http_get(f"http://127.0.0.1:{self.etcd_port}/health")
+        if name == "kube-apiserver":
+            return self._get("/readyz") == b"ok"
+        port = next(a.split("=", 1)[1] for a in child.argv if a.startswith("--secure-port="))
+        return http_get(f"https://127.0.0.1:{port}/healthz") == b"ok"
 
     def _start_etcd(self) -> None:
         data = self.workdir / "etcd"

@@ -49,6 +49,9 @@ class DriverStack:
     capacity_poll: str = "2s"
     health_port: int = 18081
     metrics_port: int = 18080
+    # topolvm-controller's kubeconfig (say, one through a fault proxy); None: the control
+    # plane's admin kubeconfig, which the sidecars always use
+    controller_kubeconfig: Path | None = None
     children: dict[str, Child] = field(default_factory=dict)
 
     @property
@@ -87,7 +90,8 @@ class DriverStack:
         child = self._child(
             "topolvm-controller",
             [sys.executable, "-m", "topolvm", "--log-format", "text", "controller",
-             f"--csi-socket={self.socket}", f"--kubeconfig={self.cp.kubeconfig}",
+             f"--csi-socket={self.socket}",
+             f"--kubeconfig={self.controller_kubeconfig or self.cp.kubeconfig}",
              "--leader-election=false", "--enable-webhooks=false",
              f"--metrics-bind-address=127.0.0.1:{self.metrics_port}",
              f"--health-probe-bind-address=127.0.0.1:{self.health_port}",
