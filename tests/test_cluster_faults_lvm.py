@@ -1,11 +1,12 @@
 """Faults below the driver: LVM refusing (a VG too small, capacity taken behind the driver's
-back after it chose the node, a VG whose physical volume disappears) and an LVM command that
-hangs. One UML node for the module: ``vg1`` (10 GiB, class ``ssd``) on its first disk and
-``vg2`` (class ``frail``) on two device-mapper maps of its second disk, one of which a test
-fails and brings back; lvmd as its own daemon with an LVM command timeout of 8 s. A claim that
-cannot be provisioned must get an Event naming why within a minute or two (never a silent
-hang), the claims of the healthy VG must not suffer, and once the fault is gone every claim
-ends Bound with the invariants holding and lvmd and topolvm-node never restarted."""
+back after it chose the node, a VG whose physical volume disappears) and LVM commands that
+hang (a lock held, a stalled disk). One UML node for the module: ``vg1`` (10 GiB, class
+``ssd``) on its first disk and ``vg2`` (class ``frail``) on two device-mapper maps of its second
+disk, which tests fail or stall and bring back; lvmd as its own daemon with an LVM command
+timeout of 8 s. A claim that cannot be provisioned must get an Event naming why within a minute
+or two (never a silent hang), the claims of the healthy VG must not suffer, and once the fault
+is gone every claim ends Bound with the invariants holding and lvmd and topolvm-node never
+restarted."""
 
 from __future__ import annotations
 
@@ -187,6 +188,40 @@ async def test_a_hung_lvm_command_times_out_with_an_event(
         await _healed(s, node, driver, pids)
     finally:
         node.signal("vglock", "SIGKILL", wait=10)
+        await asyncio.shield(s.clean())
+
+
+async def test_a_stalled_disk_fails_the_command_without_holding_lvmd(
+    control_plane: ControlPlane, driver: DriverStack, lvm_node: UmlNode,
+    cluster_client: AsyncClient,
+) -> None:  # fmt: skip
+    """One of vg2's PVs stalls (its device-mapper map suspended: I/O waits until it resumes). An
+    LVM command reading it sleeps uninterruptibly and SIGKILL cannot end it; lvmd kills it after
+    its command timeout, gives up waiting 10 s later and answers, so the claim's event says what
+    happened instead of lvmd hanging with its lock held. Once the disk resumes the stuck commands
+    exit, the claim is Bound and no process restarted."""
+    node, pids = lvm_node, (node_pid(lvm_node), _lvmd_pid(lvm_node))
+    s = await _scenario(control_plane, cluster_client, node)
+    frail = pinned_class(s, [node], "frail")
+    name = unique("stalled")
+    dm = ["dmsetup", "--noudevsync"]
+    node.exec(*dm, "suspend", "frail0")
+    try:
+        t0 = time.monotonic()
+        s.apply(claim(name, frail, "256Mi"))
+        event = await event_naming(cluster_client, name, "had not exited", "stalled disk",
+                                   timeout=120)  # fmt: skip
+        named = time.monotonic() - t0
+    finally:
+        node.exec(*dm, "resume", "frail0")
+    try:
+        await all_bound(cluster_client, [name], timeout=180)
+        lvmd_log = node.node_log("lvmd", lines=400)
+        assert "a killed command exited at last" in lvmd_log, lvmd_log[-3000:]
+        record_line(f"faults: a stalled PV -> event after {named:.1f}s: {cause(event)}; Bound "
+                    f"{time.monotonic() - t0:.1f}s after the claim")  # fmt: skip
+        await _healed(s, node, driver, pids)
+    finally:
         await asyncio.shield(s.clean())
 
 

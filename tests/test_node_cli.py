@@ -52,6 +52,10 @@ async def test_bad_flag_values() -> None:
     assert code == 2 and "expected [host]:port" in out
     code, out = await run_node("--nodename", "n1", "--lvm-path", "/sbin/lvm")
     assert code == 1 and "--lvm-path only applies with --embed-lvmd" in out
+    code, out = await run_node("--nodename", "n1", "--command-timeout", "8")
+    assert code == 1 and "--command-timeout only applies with --embed-lvmd" in out
+    code, out = await run_node("--nodename", "n1", "--embed-lvmd", "--command-timeout", "0")
+    assert code == 2 and "--command-timeout" in out
 
 
 async def test_bad_kubelet_registration_and_health_flags() -> None:

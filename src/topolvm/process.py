@@ -7,26 +7,64 @@ import contextlib
 import logging
 import signal
 from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any
 
 log = logging.getLogger(__name__)
 
 
-class CommandTimedOut(Exception):
-    """The command ran past its timeout and was killed; ``stderr`` is what it wrote."""
+# How long a killed command may take to exit. One in uninterruptible sleep (I/O to a stalled disk,
+# a suspended device-mapper device) cannot die until the I/O returns, maybe never: the caller gets
+# its error after this, and a background task reaps the process whenever it exits.
+KILL_GRACE = 10.0
+_reapers: set[asyncio.Task[None]] = set()
 
-    def __init__(self, stderr: bytes):
+
+class CommandTimedOut(Exception):
+    """The command ran past its timeout and was killed; ``stderr`` is what it wrote.
+    ``stuck``: it had not exited that many seconds after SIGKILL (left to a reaper), else 0."""
+
+    def __init__(self, stderr: bytes, stuck: float = 0):
         super().__init__("timed out")
         self.stderr = stderr
+        self.stuck = stuck
+
+    @property
+    def reason(self) -> str:
+        if self.stuck:
+            return (
+                f"and had not exited {self.stuck:g}s after SIGKILL (uninterruptible I/O: "
+                "a stalled disk?); it is left running"
+            )
+        return "and was killed"
+
+
+async def _reap(done: asyncio.Future[Any], argv: Sequence[str], since: float) -> None:
+    with contextlib.suppress(Exception):
+        await done
+    gone = asyncio.get_running_loop().time() - since
+    log.warning("a killed command exited at last", extra={"argv": list(argv), "secs": gone})
+
+
+async def _drain(stream: asyncio.StreamReader | None, into: bytearray) -> None:
+    while stream is not None and (chunk := await stream.read(1 << 16)):
+        into += chunk
+
+
+def _kill(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
 
 
 async def run_captured(
-    argv: Sequence[str], timeout: float, env: Mapping[str, str]
+    argv: Sequence[str], timeout: float, env: Mapping[str, str], kill_grace: float = KILL_GRACE
 ) -> tuple[int, bytes, bytes]:
     """Run ``argv`` without a shell; return (exit status, stdout, stderr).
 
-    Past ``timeout`` the command is killed (:class:`CommandTimedOut`). If the caller is
-    cancelled, the command still runs to its end (within ``timeout``): LVM, mkfs, mount and
-    resize are not safe to interrupt half-way. ``OSError`` if it cannot be started.
+    Past ``timeout`` the command is killed (:class:`CommandTimedOut`, with what it wrote to
+    stderr), and waited for at most ``kill_grace`` seconds more: a caller holding a lock must not
+    wait for ever. If the caller is cancelled, the command still runs to its end (within
+    ``timeout``): LVM, mkfs, mount and resize are not safe to interrupt half-way. ``OSError`` if
+    it cannot be started.
     """
     proc = await asyncio.create_subprocess_exec(
         *argv,
@@ -35,18 +73,33 @@ async def run_captured(
         stderr=asyncio.subprocess.PIPE,
         env=dict(env),
     )
+    out, err = bytearray(), bytearray()
+    # the command's exit and the end of its output; the waits below time out, never cancel it
+    done = asyncio.gather(_drain(proc.stdout, out), _drain(proc.stderr, err), proc.wait())
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        await asyncio.wait_for(asyncio.shield(done), timeout)
     except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        _, err = await proc.communicate()
-        raise CommandTimedOut(err) from None
+        _kill(proc)
+        since = asyncio.get_running_loop().time()
+        try:
+            await asyncio.wait_for(asyncio.shield(done), kill_grace)
+        except TimeoutError:
+            log.error(
+                "a command did not exit after SIGKILL; not waiting for it any longer",
+                extra={"argv": list(argv), "pid": proc.pid, "grace": kill_grace},
+            )
+            reaper = asyncio.create_task(_reap(done, argv, since))
+            _reapers.add(reaper)
+            reaper.add_done_callback(_reapers.discard)
+            raise CommandTimedOut(bytes(err), stuck=kill_grace) from None
+        raise CommandTimedOut(bytes(err)) from None
     except asyncio.CancelledError:
-        with contextlib.suppress(Exception):
-            await asyncio.shield(asyncio.wait_for(proc.communicate(), timeout))
+        try:
+            await asyncio.wait_for(asyncio.shield(done), timeout)
+        except TimeoutError:
+            _kill(proc)
         raise
-    return (proc.returncode if proc.returncode is not None else -1), out, err
+    return (proc.returncode if proc.returncode is not None else -1), bytes(out), bytes(err)
 
 
 async def until_terminated() -> None:

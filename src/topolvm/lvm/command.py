@@ -42,7 +42,10 @@ class LvmRunner:
             rc, out, err = await run_captured(argv, limit, self._env)
         except CommandTimedOut as e:
             raise LvmTimeout(
-                argv, None, e.stderr.decode(errors="replace"), f"timed out after {limit}s"
+                argv,
+                None,
+                e.stderr.decode(errors="replace"),
+                f"timed out after {limit}s {e.reason}",
             ) from None
         elapsed = time.monotonic() - started
         stderr = err.decode(errors="replace")

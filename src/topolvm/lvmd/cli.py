@@ -36,24 +36,47 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=":8080",
         help="host:port serving Prometheus /metrics (process metrics); '0' or '' disables",
     )
-    p.add_argument(
-        "--refresh-interval",
-        type=positive_seconds,
-        default=DEFAULT_REFRESH_INTERVAL,
-        help="seconds between safety-net LVM state refreshes; changes made outside lvmd are "
-        "seen from the kernel's device events at once (default 600)",
-    )
-    p.add_argument(
-        "--command-timeout",
-        type=positive_seconds,
-        default=120.0,
-        help="seconds after which an LVM command is killed (default 120)",
-    )
+    add_lvm_flags(p)
     p.set_defaults(run=run)
     actions = p.add_subparsers(dest="action", metavar="{health}")
     h = actions.add_parser("health", help="exit 0 if the lvmd on the configured socket is serving")
     h.add_argument("--config", default=argparse.SUPPRESS, help="lvmd config file (YAML)")
     h.set_defaults(run=run_health)
+
+
+DEFAULT_COMMAND_TIMEOUT = 120.0
+LVM_FLAGS = ("--refresh-interval", "--command-timeout")
+
+
+def add_lvm_flags(p: argparse.ArgumentParser, embedded: bool = False) -> None:
+    """How lvmd runs LVM: its flags, and topolvm-node's for the lvmd it embeds (``embedded``:
+    unset unless given, so that the node can refuse them without --embed-lvmd)."""
+    where = " (with --embed-lvmd)" if embedded else ""
+    p.add_argument(
+        "--refresh-interval",
+        type=positive_seconds,
+        default=None if embedded else DEFAULT_REFRESH_INTERVAL,
+        help="seconds between safety-net LVM state refreshes; changes made outside lvmd are "
+        f"seen from the kernel's device events at once (default 600){where}",
+    )
+    p.add_argument(
+        "--command-timeout",
+        type=positive_seconds,
+        default=None if embedded else DEFAULT_COMMAND_TIMEOUT,
+        help="seconds after which an LVM command is killed; one that cannot die (I/O to a "
+        f"stalled disk) is left after 10 s more and its RPC fails (default 120){where}",
+    )
+
+
+def lvm_options(
+    args: argparse.Namespace, metrics_address: tuple[str, int] | None = None
+) -> Options:
+    refresh, timeout = args.refresh_interval, args.command_timeout
+    return Options(
+        refresh_interval=DEFAULT_REFRESH_INTERVAL if refresh is None else refresh,
+        command_timeout=DEFAULT_COMMAND_TIMEOUT if timeout is None else timeout,
+        metrics_address=metrics_address,
+    )
 
 
 def load(args: argparse.Namespace) -> LvmdConfig:
@@ -68,11 +91,7 @@ def load(args: argparse.Namespace) -> LvmdConfig:
 
 def run(args: argparse.Namespace) -> int:
     config = load(args)
-    options = Options(
-        refresh_interval=args.refresh_interval,
-        command_timeout=args.command_timeout,
-        metrics_address=args.metrics_bind_address,
-    )
+    options = lvm_options(args, args.metrics_bind_address)
     return daemon.run("lvmd", serve(config, options), LvmError)
 
 

@@ -20,7 +20,6 @@ from topolvm.k8s.api import with_client
 from topolvm.k8s.errors import KubeError
 from topolvm.lvm.errors import LvmError
 from topolvm.lvmd import cli as lvmd_cli
-from topolvm.lvmd.server import Options
 
 if TYPE_CHECKING:
     from topolvm.node.app import NodeOptions
@@ -85,6 +84,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="lvmd config file, used with --embed-lvmd",
     )
     p.add_argument("--lvm-path", default="", help="deprecated: lvm binary, with --embed-lvmd")
+    lvmd_cli.add_lvm_flags(p, embedded=True)
     add_client_flags(p)
     p.add_argument(
         "--resync-interval",
@@ -110,6 +110,9 @@ def options_from_args(args: argparse.Namespace) -> NodeOptions:
     embed = lvmd_cli.load(args) if args.embed_lvmd else None
     if args.lvm_path and not args.embed_lvmd:
         raise ConfigError("--lvm-path only applies with --embed-lvmd")
+    given = [f for f in lvmd_cli.LVM_FLAGS if getattr(args, f[2:].replace("-", "_")) is not None]
+    if given and not args.embed_lvmd:
+        raise ConfigError(f"{', '.join(given)} only applies with --embed-lvmd")
     return NodeOptions(
         node_name=args.nodename,
         names=names(args.legacy),
@@ -121,7 +124,7 @@ def options_from_args(args: argparse.Namespace) -> NodeOptions:
         registration=registration_from_args(args),
         resync=args.resync_interval,
         advertise_capacity_resource=args.advertise_capacity_resource,
-        lvmd_options=Options(),
+        lvmd_options=lvmd_cli.lvm_options(args),
     )
 
 

@@ -82,7 +82,10 @@ async def run_status(
         raise CommandError(argv, None, str(e), "cannot start") from e
     except CommandTimedOut as e:
         raise CommandError(
-            argv, None, e.stderr.decode(errors="replace"), f"timed out after {timeout}s"
+            argv,
+            None,
+            e.stderr.decode(errors="replace"),
+            f"timed out after {timeout}s {e.reason}",
         ) from None
     stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
     if rc not in ok:

@@ -1,0 +1,53 @@
+"""Running commands (src/topolvm/process.py): a command past its timeout is killed, and one that
+cannot be reaped at once (its output still held open, as by a process stuck in uninterruptible
+I/O) does not hold its caller, who may hold lvmd's lock, for ever."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+
+import pytest
+
+from topolvm.lvm.command import LvmRunner
+from topolvm.lvm.errors import LvmTimeout
+from topolvm.process import CommandTimedOut, run_captured
+
+ENV = dict(os.environ)
+
+
+async def test_a_command_past_its_timeout_is_killed_with_what_it_wrote() -> None:
+    with pytest.raises(CommandTimedOut) as e:
+        await run_captured(["sh", "-c", "echo started >&2; exec sleep 30"], 0.5, ENV)
+    assert e.value.stderr == b"started\n" and not e.value.stuck
+    assert e.value.reason == "and was killed"
+
+
+async def test_a_killed_command_that_does_not_go_is_left_to_a_reaper(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The shell is killed, but a child of it keeps its stdout open for 4 s: to the caller, the
+    # same as a process that SIGKILL cannot end yet.
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="topolvm.process"):
+        with pytest.raises(CommandTimedOut) as e:
+            await run_captured(["sh", "-c", "sleep 4 & exec sleep 30"], 0.5, ENV, kill_grace=1)
+        waited = time.monotonic() - started
+        assert e.value.stuck == 1
+        assert "had not exited 1s after SIGKILL" in e.value.reason
+        assert waited < 3.5, waited  # not until the output closes
+        assert "did not exit after SIGKILL" in caplog.text
+        for _ in range(100):  # the reaper says when it is gone
+            if "exited at last" in caplog.text:
+                break
+            await asyncio.sleep(0.1)
+    assert "a killed command exited at last" in caplog.text
+
+
+async def test_lvm_says_what_timed_out() -> None:
+    runner = LvmRunner(("sh", "-c", "exec sleep 30", "lvm"), timeout=0.3)
+    with pytest.raises(LvmTimeout) as e:
+        await runner.run("lvs")
+    assert "timed out after 0.3s and was killed" in str(e.value)
