@@ -57,6 +57,8 @@ async def test_thirty_pods_at_once_fill_three_nodes_exactly(
         assert int(ann["capacity.topolvm.io/ssd"]) // GiB == 10, (name, ann)
     metrics_url = f"http://127.0.0.1:{driver.metrics_port}/metrics"
     before = http_get(metrics_url).decode()
+    timeline: list[str] = []  # when each node's annotation changed, for a failure's message
+    watcher = asyncio.create_task(_annotation_changes(s, timeline))
     try:
         sc = s.sc(fs_type="ext4")
         names = [(unique("burst"), unique("data")) for _ in range(PODS)]
@@ -87,7 +89,14 @@ async def test_thirty_pods_at_once_fill_three_nodes_exactly(
 
         exhausted, created = calls("RESOURCE_EXHAUSTED"), calls("OK")
         per_node = {n.name: len(n.lvs("vg1")) for n in nodes}
-        assert per_node == {n.name: 10 for n in nodes}, per_node
+        watcher.cancel()
+        made = "\n".join(f"{n.name}: " + " ".join(sorted(n.lvm(
+            "lvs", "--noheadings", "-o", "lv_time", "--config", "report/time_format=\"%T\"",
+            "vg1").split())) for n in nodes)  # fmt: skip
+        assert per_node == {n.name: 10 for n in nodes}, (
+            f"{per_node}; CreateVolume OK {created}, RESOURCE_EXHAUSTED {exhausted}\n"
+            f"LVs made at:\n{made}\nannotations:\n" + "\n".join(timeline)
+        )
         for n in nodes:
             assert sum(int(lv["lv_size"]) for lv in n.lvs("vg1").values()) == 10 * GiB
         report = {"pods": PODS, "seconds_to_all_running": round(elapsed, 1),
@@ -97,4 +106,17 @@ async def test_thirty_pods_at_once_fill_three_nodes_exactly(
         REPORT.write_text(json.dumps(report, indent=1))
         print(f"\nburst: {report}")
     finally:
+        watcher.cancel()
         await asyncio.shield(s.clean())
+
+
+async def _annotation_changes(s: Scenario, into: list[str]) -> None:
+    last: dict[str, str | None] = {}
+    while True:
+        for name, ann in (await s.annotations()).items():
+            value = ann.get("capacity.topolvm.io/ssd")
+            if value != last.get(name, ""):
+                last[name] = value
+                shown = f"{int(value) / GiB:.2f} GiB" if value else str(value)
+                into.append(f"{time.strftime('%H:%M:%S')} {name}: {shown}")
+        await asyncio.sleep(0.5)

@@ -176,3 +176,16 @@ def test_a_cancelled_create_never_retried_frees_the_space_after_the_timeout(
     assert f.taken("n1", "ssd") == 10
     clock.now += 1
     assert f.taken("n1", "ssd") == 0
+
+
+def test_an_ended_reservation_says_why_and_when(clock: Clock) -> None:
+    f = InFlight(clock=clock, settle_delay=5, settle_timeout=120)
+    f.reserve("v1", "n1", "ssd", 10, "90")
+    f.reserve("v2", "n1", "ssd", 20, "90", made=True)
+    f.settle("v1")
+    f.settle("v2")
+    clock.now += 6
+    [made] = f.expire()
+    assert (made.reservation.name, made.why, made.after) == ("v2", "made before it was reserved", 6)
+    [changed] = f.observe("n1", lambda dc: "80")
+    assert (changed.reservation.name, changed.why) == ("v1", "the node's annotation changed")

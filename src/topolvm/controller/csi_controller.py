@@ -19,7 +19,7 @@ import grpc
 
 from topolvm import capacity_annotations
 from topolvm.constants import Names
-from topolvm.controller.inflight import InFlight
+from topolvm.controller.inflight import Ended, InFlight
 from topolvm.controller.metrics import ControllerMetrics
 from topolvm.controller.sizing import (
     MinimumAllocations,
@@ -127,7 +127,8 @@ class ControllerService(csi_grpc.ControllerServicer):
         free = capacity_annotations.node_free(
             self.names, self.nodes.annotations(node), device_class
         )
-        self.inflight.observe(node, lambda dc: self._annotation(node, dc))
+        self._ended(self.inflight.observe(node, lambda dc: self._annotation(node, dc)))
+        self._ended(self.inflight.expire())
         creating = [
             (lv.name, lv.size)
             for lv in self.store.on_node(node)
@@ -137,8 +138,18 @@ class ControllerService(csi_grpc.ControllerServicer):
 
     def node_changed(self, node: str) -> None:
         """Called on every new version of a Node: reservations it now shows end."""
-        self.inflight.observe(node, lambda dc: self._annotation(node, dc))
+        self._ended(self.inflight.observe(node, lambda dc: self._annotation(node, dc)))
         self._export_in_flight()
+
+    def _ended(self, ended: list[Ended]) -> None:
+        for e in ended:
+            r = e.reservation
+            log.info(
+                "capacity reservation ended",
+                extra={"volume": r.name, "node": r.node, "device_class": r.device_class,
+                       "bytes": r.size, "why": e.why, "after": round(e.after, 1),
+                       "annotation": self._annotation(r.node, r.device_class)},
+            )  # fmt: skip
 
     def _export_in_flight(self) -> None:
         self.metrics.in_flight_bytes.clear()
@@ -271,10 +282,14 @@ class ControllerService(csi_grpc.ControllerServicer):
         # to end the reservation, which would count its bytes twice until the settle timeout
         # (found by the crash campaign); or not yet, so it is still reserved, for settle_delay.
         # A retry after a timed-out call keeps that call's reservation (abandoned, below).
-        self.inflight.reserve(
-            req.name, req.node_name, req.device_class, req.size,
-            self._annotation(req.node_name, req.device_class),
-            made=existing is not None and bool(existing.volume_id),
+        annotation = self._annotation(req.node_name, req.device_class)
+        made = existing is not None and bool(existing.volume_id)
+        self.inflight.reserve(req.name, req.node_name, req.device_class, req.size, annotation,
+                              made=made)  # fmt: skip
+        log.info(
+            "capacity reserved",
+            extra={"volume": req.name, "node": req.node_name, "device_class": req.device_class,
+                   "bytes": req.size, "annotation": annotation, "made": made},
         )  # fmt: skip
         self._export_in_flight()
         try:

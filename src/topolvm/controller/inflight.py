@@ -42,11 +42,27 @@ class Reservation:
     settled_at: float | None = None
     abandoned_at: float | None = None  # its call was cancelled before the LV existed
 
-    def over(self, now: float, changed: bool, delay: float, timeout: float) -> bool:
+    def over(self, now: float, changed: bool, delay: float, timeout: float) -> str | None:
+        """Why the reservation ends now (for the log), or None while it holds."""
         if self.settled_at is None:
-            return self.abandoned_at is not None and now - self.abandoned_at > timeout
+            if self.abandoned_at is not None and now - self.abandoned_at > timeout:
+                return "abandoned, never retried"
+            return None
         age = now - self.settled_at
-        return (age >= delay and (changed or self.made)) or age > timeout
+        if age >= delay and changed:
+            return "the node's annotation changed"
+        if age >= delay and self.made:
+            return "made before it was reserved"
+        return "settle timeout" if age > timeout else None
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A reservation that ended, why, and how long after its LV existed (or its call ended)."""
+
+    reservation: Reservation
+    why: str
+    after: float
 
 
 class InFlight:
@@ -93,22 +109,33 @@ class InFlight:
     def release(self, name: str) -> None:
         self._by_name.pop(name, None)
 
-    def observe(self, node: str, annotation_of: Callable[[str], str | None]) -> None:
+    def observe(self, node: str, annotation_of: Callable[[str], str | None]) -> list[Ended]:
         """A new version of ``node``: drop settled reservations its annotations now include."""
         now = self.clock()
+        ended = []
         for r in list(self._by_name.values()):
             if r.node != node:
                 continue
             changed = annotation_of(r.device_class) != r.annotation
-            if r.over(now, changed, self.settle_delay, self.settle_timeout):
-                del self._by_name[r.name]
+            why = r.over(now, changed, self.settle_delay, self.settle_timeout)
+            if why is not None:
+                ended.append(self._end(r, now, why))
+        return ended
 
-    def expire(self) -> None:
+    def expire(self) -> list[Ended]:
         """End what time alone ends: the settle timeout, and reservations for made LVs."""
         now = self.clock()
+        ended = []
         for r in list(self._by_name.values()):
-            if r.over(now, False, self.settle_delay, self.settle_timeout):
-                del self._by_name[r.name]
+            why = r.over(now, False, self.settle_delay, self.settle_timeout)
+            if why is not None:
+                ended.append(self._end(r, now, why))
+        return ended
+
+    def _end(self, r: Reservation, now: float, why: str) -> Ended:
+        del self._by_name[r.name]
+        since = r.settled_at if r.settled_at is not None else r.abandoned_at
+        return Ended(r, why, now - since if since is not None else 0.0)
 
     def taken(
         self,
