@@ -189,3 +189,11 @@ def test_an_ended_reservation_says_why_and_when(clock: Clock) -> None:
     assert (made.reservation.name, made.why, made.after) == ("v2", "made before it was reserved", 6)
     [changed] = f.observe("n1", lambda dc: "80")
     assert (changed.reservation.name, changed.why) == ("v1", "the node's annotation changed")
+
+
+def test_a_retry_on_another_node_moves_the_reservation(clock: Clock) -> None:
+    f = InFlight(clock=clock, settle_delay=5, settle_timeout=120)
+    f.reserve("v1", "n1", "ssd", 10, "90")
+    f.abandon("v1")
+    f.reserve("v1", "n2", "ssd", 10, "90")
+    assert (f.taken("n1", "ssd"), f.taken("n2", "ssd")) == (0, 10)

@@ -205,6 +205,10 @@ class ControllerService(csi_grpc.ControllerServicer):
         preferred = [dict(t.segments) for t in reqs.preferred]
         requisite = [dict(t.segments) for t in reqs.requisite]
         source, access = "", ""
+        # Read before the capacity check: from that check to the reservation in
+        # _create_and_wait nothing may await, or a concurrent call for the same node passes the
+        # same check (two calls 5 ms apart both took a node's last GiB in a burst).
+        existing = await self.store.get(name)
         if request.HasField("volume_content_source"):
             src = await self._content_source(request.volume_content_source)
             if size < (src.current_size or src.size):
@@ -229,7 +233,7 @@ class ControllerService(csi_grpc.ControllerServicer):
             if best is None:
                 raise status.Internal("can not find any node")
             node, free = best
-            if free < size and await self.store.get(name) is None:
+            if free < size and existing is None:
                 self.metrics.capacity_rejections.labels(capacity_annotations.class_key(dc)).inc()
                 raise status.ResourceExhausted(
                     f"no node has {size} bytes free in device class {dc!r} (largest: {free})"
@@ -242,7 +246,6 @@ class ControllerService(csi_grpc.ControllerServicer):
                     f"(no segment has {self.names.topology_key})"
                 )
             node = found
-            existing = await self.store.get(name)
             free = self.free_bytes(node, dc)
             if existing is None and free < size:
                 self.metrics.capacity_rejections.labels(capacity_annotations.class_key(dc)).inc()
@@ -251,7 +254,7 @@ class ControllerService(csi_grpc.ControllerServicer):
                     f"flight; {size} requested"
                 )
         lv = await self._create_and_wait(
-            VolumeRequest(name, node, size, dc, option_class, source, access)
+            VolumeRequest(name, node, size, dc, option_class, source, access), existing
         )
         volume = csi.Volume(
             capacity_bytes=lv.current_size or lv.size,
@@ -275,8 +278,11 @@ class ControllerService(csi_grpc.ControllerServicer):
             raise status.NotFound(f"failed to find source {what}: {source_id}")
         return lv
 
-    async def _create_and_wait(self, req: VolumeRequest) -> LogicalVolumeObject:
-        existing = await self.store.get(req.name)
+    async def _create_and_wait(
+        self, req: VolumeRequest, existing: LogicalVolumeObject | None
+    ) -> LogicalVolumeObject:
+        """Reserve, create, wait. The reservation comes first, before any await: the caller's
+        capacity check and it are one step for the event loop."""
         # made: a retry of a volume whose LV exists, this process holding no reservation for it
         # (it restarted). The node's annotation may count it already and then never change again
         # to end the reservation, which would count its bytes twice until the settle timeout

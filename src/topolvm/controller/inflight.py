@@ -87,8 +87,9 @@ class InFlight:
         made: bool = False,
     ) -> None:
         """Count ``size`` bytes as taken on (node, device class); a retry of the same name
-        keeps the first reservation. ``made``: the LV exists already."""
-        if name not in self._by_name:
+        on the same node keeps the first reservation. ``made``: the LV exists already."""
+        first = self._by_name.get(name)
+        if first is None or (first.node, first.device_class) != (node, device_class):
             self._by_name[name] = Reservation(name, node, device_class, size, annotation, made)
 
     def settle(self, name: str) -> None:
