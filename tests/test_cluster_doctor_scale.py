@@ -53,6 +53,10 @@ async def big_cluster(
         yield ns, klass
     finally:
         k = control_plane.kubectl
+        # the test's pod bound to a Node without a kubelet: nothing would ever confirm its
+        # deletion, and the namespace would stay Terminating for the rest of the session
+        k("delete", "pod", "pinned", "-n", ns, "--grace-period=0", "--force",
+          "--ignore-not-found", check=False)  # fmt: skip
         k("delete", "namespace", ns, "--wait=false", check=False)
         k("delete", "nodes", "-l", f"{LABEL}={ns}", "--wait=false", check=False)
         k("delete", "storageclass", klass, "--wait=false", check=False)

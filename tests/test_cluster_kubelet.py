@@ -33,7 +33,14 @@ SSD = {"name": "ssd", "volume-group": "vg1", "default": True, "spare-gb": 1}
 VALUES: dict[str, Any] = {
     "lvmd": {"managed": False, "deviceClasses": [SSD]},
     "node": {"lvmdEmbedded": True},
-    "controller": {"replicaCount": 1},
+    # Leader election's renew deadline is 10 s by default. In a full CI session, with two
+    # cores shared by the control plane and both guests, the controller pod in its
+    # single-CPU guest lost its lease every half minute and crash-looped (a renewal or its
+    # HTTP probe not answered within the deadline), so no claim was provisioned. This module
+    # tests what the kubelet does; the lease is given room here.
+    "controller": {"replicaCount": 1, "args": [
+        "--leader-election-lease-duration=60s", "--leader-election-renew-deadline=45s",
+        "--leader-election-retry-period=5s"]},
     "storageClasses": [{"name": "kubelet-xfs", "storageClass": {
         "fsType": "xfs", "volumeBindingMode": "WaitForFirstConsumer",
         "allowVolumeExpansion": True}}],
