@@ -303,8 +303,7 @@ class ControllerService(csi_grpc.ControllerServicer):
             lv = await self.store.wait_created(req.name)
         except asyncio.CancelledError:
             # the caller's deadline: the node goes on making the LV, its annotation not counting
-            # it yet. Released, the bytes were offered again (a node got 11 volumes where its
-            # annotation offered 10 in a burst).
+            # it yet. Released, its bytes could be offered again meanwhile.
             self.inflight.abandon(req.name)
             self._export_in_flight()
             raise
