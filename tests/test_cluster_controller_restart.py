@@ -132,15 +132,7 @@ async def test_a_create_retried_after_a_restart_counts_its_bytes_once(
     settle timeout (found by the crash campaign, where the CSIStorageCapacity check failed)."""
     uml = one.nodes[0]
     topology = csi.Topology(segments={NORMAL.topology_key: uml.name})
-    request = csi.CreateVolumeRequest(
-        name=unique("pvc-retried"),
-        capacity_range=csi.CapacityRange(required_bytes=GiB),
-        volume_capabilities=[csi.VolumeCapability(
-            mount=csi.VolumeCapability.MountVolume(fs_type="ext4"),
-            access_mode=csi.VolumeCapability.AccessMode(
-                mode=csi.VolumeCapability.AccessMode.SINGLE_NODE_WRITER))],
-        accessibility_requirements=csi.TopologyRequirement(preferred=[topology]),
-    )  # fmt: skip
+    request = _create_request(unique("pvc-retried"), uml.name)
     async with grpc.aio.insecure_channel(f"unix:{driver.socket}") as channel:
         stub = csi_grpc.ControllerStub(channel)
         first = await stub.CreateVolume(request, timeout=120)
