@@ -57,9 +57,15 @@ async def big_cluster(
         # deletion, and the namespace would stay Terminating for the rest of the session
         k("delete", "pod", "pinned", "-n", ns, "--grace-period=0", "--force",
           "--ignore-not-found", check=False)  # fmt: skip
-        k("delete", "namespace", ns, "--wait=false", check=False)
-        k("delete", "nodes", "-l", f"{LABEL}={ns}", "--wait=false", check=False)
+        # The pods go first: the PVC protection controller then finds no user of a claim in one
+        # cheap list. Waited for, so that the next test's claims are not queued behind 5000 of
+        # these in kube-controller-manager (a deletion there took 3 minutes in CI, 2026-11-26).
+        # One deletecollection (none of them is on a node, so they go at once); it takes longer
+        # than a client's read timeout.
+        k("delete", "--raw", f"/api/v1/namespaces/{ns}/pods", check=False, timeout=300)
+        k("delete", "namespace", ns, "--timeout=300s", check=False, timeout=320)
         k("delete", "storageclass", klass, "--wait=false", check=False)
+        k("delete", "nodes", "-l", f"{LABEL}={ns}", "--wait=false", check=False)
 
 
 async def test_doctor_reads_1000_nodes_and_5000_pvcs_and_finds_the_one_broken_claim(

@@ -28,6 +28,9 @@ UML_TIMEOUT = 1500.0
 # No new result line for this long means the guest stopped making progress (the slowest test
 # phase takes well under a minute; the conftest hang report fires after 180 s).
 STALL_SECONDS = float(os.environ.get("TOPOLVM_UML_STALL_SECONDS", "240"))
+# Booting, starting pytest in the guest and collecting come before the first result line; on a
+# loaded host that alone took more than a short STALL_SECONDS (CI, 2026-11-26), so it has its own.
+BOOT_SECONDS = max(STALL_SECONDS, 300.0)
 GUEST_SETTINGS = ("TOPOLVM_FUZZ_EXAMPLES", "TOPOLVM_HANG_SECONDS")
 _results_key = pytest.StashKey[dict[str, list[dict[str, Any]]]]()
 _error_key = pytest.StashKey[str]()
@@ -129,13 +132,16 @@ def _boot(session: pytest.Session, nodeids: list[str], results_file: str) -> obj
         "--basetemp=/run/tmp/pytest-uml", *nodeids,
     ]  # fmt: skip
     _say(session, f"booting User-Mode Linux for {len(nodeids)} real-LVM tests")
-    progress = {"size": -1, "at": time.monotonic()}
+    started = time.monotonic()
+    progress = {"size": os.path.getsize(results_file), "at": started}
 
     def stalled() -> bool:
         size = os.path.getsize(results_file)
         now = time.monotonic()
         if size != progress["size"]:
             progress.update(size=size, at=now)
+        if progress["at"] == started:  # no result yet from this boot
+            return now - started > BOOT_SECONDS
         return now - progress["at"] > STALL_SECONDS
 
     # The guest gets a clean environment; these settings of the host's run go in with it.
