@@ -69,16 +69,6 @@ def cpu_seconds(node: UmlNode, pid: int) -> float:
     return (utime + stime + cutime + cstime) / TICKS
 
 
-def memory_mb(node: UmlNode, pid: int) -> dict[str, float]:
-    rollup: dict[str, int] = {}
-    for line in node.exec("cat", f"/proc/{pid}/smaps_rollup").stdout.splitlines()[1:]:
-        key, _, rest = line.partition(":")
-        if rest.strip().endswith("kB"):
-            rollup[key] = int(rest.split()[0])
-    return {"rss_mb": round(rollup["Rss"] / 1024, 1),
-            "private_mb": round(rollup["Anonymous"] / 1024, 1)}  # fmt: skip
-
-
 def lvm_calls(node: UmlNode) -> int:
     out = node.exec("sh", "-c", f"test -f {CALLS} && wc -l < {CALLS} || echo 0").stdout
     return int(out.strip())
@@ -124,7 +114,7 @@ def measure(bed: Testbed, index: int, mode: str, args: argparse.Namespace) -> di
     calls1, cpu1, t1 = lvm_calls(node), [cpu_seconds(node, p) for p in pids], time.monotonic()
     minutes = (t1 - t0) / 60
     cpu = {d: round((b - a) / minutes, 4) for d, a, b in zip(daemons, cpu0, cpu1, strict=True)}
-    memory = {d: memory_mb(node, p) for d, p in zip(daemons, pids, strict=True)}
+    memory = {d: node.memory_mb(d) for d in daemons}
     # one change made by hand: until the Node's annotation shows it
     before = annotation(bed, name)
     assert before is not None

@@ -16,7 +16,7 @@ from lightkube import AsyncClient
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import csidriver
 from devtools.testbed.umlnode import UmlNode
-from tests.cluster_fixtures import UmlNodes, node_annotations, unique
+from tests.cluster_fixtures import UmlNodes, node_annotations, record_line, unique
 from tests.helpers import eventually
 from tests.lvm_fixtures import THICK
 from topolvm.constants import NORMAL
@@ -36,6 +36,9 @@ MOUNT = csi.VolumeCapability(
 # As the session's driver stack applies it: the same field manager, so an apply that left out
 # storageCapacity would switch Storage Capacity Tracking off for every later test.
 CSI_DRIVER = csidriver("topolvm.io")
+# Measured 64.4 MB (2026-11-26; 73.4 MB while it still loaded aiohttp): a regression of that
+# size fails here. What holds the floor: docs/topolvm-node.md, "Footprint".
+RSS_BUDGET_MB = 70.0
 
 
 async def probe(node: UmlNode) -> bool:
@@ -100,6 +103,14 @@ async def test_embedded_lvmd_lv_publish_metrics_and_clean_exit(
 
     await eventually("object gone", gone)
     assert uid not in node.lvs("vg1")
+    # Its footprint once it has made, served and removed a volume (issue 24; the budget and
+    # what holds the floor are in docs/topolvm-node.md, "Footprint").
+    memory = node.memory_mb("topolvm-node")
+    record_line(
+        f"topolvm node, lvmd embedded, after one volume: RSS {memory['rss_mb']} MB, "
+        f"private {memory['private_mb']} MB (budget {RSS_BUDGET_MB} MB)"
+    )
+    assert memory["rss_mb"] <= RSS_BUDGET_MB, memory
     result = node.signal("topolvm-node", "SIGTERM", wait=60)
     assert result == {"running": False, "rc": 0}, node.node_log()
     assert "topolvm-node stopped" in node.node_log()

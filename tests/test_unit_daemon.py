@@ -12,7 +12,6 @@ import socket
 
 import aiohttp
 import pytest
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from tests.helpers import free_port
@@ -106,7 +105,7 @@ async def test_a_taken_port_is_a_startup_error_naming_it() -> None:
         with pytest.raises(StartupError, match=f"cannot listen for metrics on 127.0.0.1:{port}"):
             await daemon.serve_metrics(parts, CollectorRegistry(), ("127.0.0.1", port))
         with pytest.raises(StartupError, match=f"cannot listen for health on 127.0.0.1:{port}"):
-            await daemon.serve_http(parts, web.Application(), ("127.0.0.1", port), "health")
+            await daemon.serve_health(parts, ("127.0.0.1", port), {"/healthz": daemon.alive})
     await parts.stop()
 
 

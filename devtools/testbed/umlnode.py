@@ -233,6 +233,18 @@ class UmlNode:
         res: dict[str, Any] = self._call(f"/daemon/{name}?lines={lines}")
         return res
 
+    def memory_mb(self, name: str) -> dict[str, float]:
+        """A running daemon's resident memory (``rss_mb``) and the private (anonymous) part of
+        it (``private_mb``), from the guest's ``/proc/<pid>/smaps_rollup``."""
+        rollup: dict[str, int] = {}
+        text = self.exec("cat", f"/proc/{self.pids[name]}/smaps_rollup").stdout
+        for line in text.splitlines()[1:]:
+            key, _, rest = line.partition(":")
+            if rest.strip().endswith("kB"):
+                rollup[key] = int(rest.split()[0])
+        return {"rss_mb": round(rollup["Rss"] / 1024, 1),
+                "private_mb": round(rollup["Anonymous"] / 1024, 1)}  # fmt: skip
+
     def http_get(self, port: int, path: str) -> str:
         """GET a guest daemon's HTTP endpoint (say, topolvm-node's /metrics on 8080)."""
         with urllib.request.urlopen(f"http://{self.address}:{port}{path}", timeout=10) as r:

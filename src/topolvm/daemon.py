@@ -1,6 +1,6 @@
 """What every daemon (lvmd, node, controller, scheduler) shares: one start-up error, the parts
 it runs under supervision, the serve loop from start to graceful stop, and its listeners (gRPC
-on a UNIX socket, HTTP, metrics, health probes) as parts.
+on a UNIX socket, metrics, health probes) as parts.
 
 A daemon builds its parts in ``start()``: background tasks with :meth:`Parts.spawn` (one that
 ends with an error ends the process with that error, as a crash would, so Kubernetes restarts
@@ -16,11 +16,10 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
 import grpc
-from aiohttp import web
-from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CollectorRegistry
 
-from topolvm.metrics import metrics_app
+from topolvm.gethttp import Answer, GetServer, Route
+from topolvm.metrics import exposition
 from topolvm.process import bounded, until_terminated
 from topolvm.rpc.server import Register, SocketError, start_unix_server, stop_unix_server
 
@@ -114,33 +113,27 @@ async def serve_grpc(
     return server
 
 
-async def serve_http(
-    parts: Parts, app: web.Application, address: tuple[str, int], what: str,
-    access_log: type[AbstractAccessLogger] | None = None,
-) -> None:  # fmt: skip
-    """Serve ``app`` on ``address`` (``what`` names it in errors) until stop; requests are
-    logged with ``access_log`` if given."""
-    if access_log is None:
-        runner = web.AppRunner(app, access_log=None)
-    else:
-        runner = web.AppRunner(app, access_log_class=access_log)
-    await runner.setup()
+async def serve_get(
+    parts: Parts, routes: Mapping[str, Route], address: tuple[str, int] | None, what: str
+) -> None:
+    """Serve ``routes`` over HTTP at ``address`` (None: not at all; ``what`` names it in
+    errors) until stop."""
+    if address is None:
+        return
+    server = GetServer(routes, what)
     try:
-        await web.TCPSite(runner, *address).start()
+        await server.listen(*address)
     except OSError as e:
-        await runner.cleanup()
         where, why = f"{address[0]}:{address[1]}", e.strerror or e
         raise StartupError(f"cannot listen for {what} on {where}: {why}") from e
-    parts.on_stop(f"{what} server", runner.cleanup)
+    parts.on_stop(f"{what} server", server.close)
 
 
 async def serve_metrics(
     parts: Parts, registry: CollectorRegistry, address: tuple[str, int] | None
 ) -> None:
     """Serve ``registry`` on ``/metrics`` at ``address`` (None: not at all) until stop."""
-    if address is None:
-        return
-    await serve_http(parts, metrics_app(registry), address, "metrics")
+    await serve_get(parts, {"/metrics": lambda: exposition(registry)}, address, "metrics")
 
 
 Health = Callable[[], tuple[bool, str]]
@@ -152,17 +145,14 @@ def alive() -> tuple[bool, str]:
     return True, "ok"
 
 
-def health_app(checks: Mapping[str, Health]) -> web.Application:
-    """GET ``path`` answers 200 with the check's reason when it passes, else 503 with it."""
-    app = web.Application()
-    for path, check in checks.items():
+def _probe(check: Health) -> Route:
+    """GET answers 200 with the check's reason when it passes, else 503 with it."""
 
-        async def answer(_: web.Request, check: Health = check) -> web.Response:
-            ok, why = check()
-            return web.Response(text=why, status=200 if ok else 503)
+    def answer() -> Answer:
+        ok, why = check()
+        return Answer(200 if ok else 503, why.encode())
 
-        app.router.add_get(path, answer)
-    return app
+    return answer
 
 
 async def serve_health(
@@ -170,9 +160,8 @@ async def serve_health(
 ) -> None:
     """Serve ``checks`` (path -> check, e.g. ``/healthz``, ``/readyz``) at ``address`` (None:
     not at all) until stop, for kubelet's probes."""
-    if address is None:
-        return
-    await serve_http(parts, health_app(checks), address, "health")
+    routes = {path: _probe(check) for path, check in checks.items()}
+    await serve_get(parts, routes, address, "health")
 
 
 class Daemon(Protocol):

@@ -1,24 +1,12 @@
-"""Prometheus exposition over aiohttp, shared by the daemons that serve ``/metrics``."""
+"""Prometheus exposition, shared by the daemons that serve ``/metrics``."""
 
 from __future__ import annotations
 
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-
-def metrics_app(registry: CollectorRegistry) -> web.Application:
-    """An application serving ``registry`` on ``/metrics``."""
-
-    async def handler(_: web.Request) -> web.Response:
-        return metrics_response(registry)
-
-    app = web.Application()
-    app.router.add_get("/metrics", handler)
-    return app
+from topolvm.gethttp import Answer
 
 
-def metrics_response(registry: CollectorRegistry) -> web.Response:
+def exposition(registry: CollectorRegistry) -> Answer:
     """The current samples of ``registry`` in Prometheus' text format."""
-    return web.Response(
-        body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-    )
+    return Answer(200, generate_latest(registry), CONTENT_TYPE_LATEST)

@@ -5,20 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 
-import prometheus_client
-from aiohttp import web
-
 from topolvm import daemon
 from topolvm.cliargs import parse_listen
 from topolvm.config.errors import ConfigError
 from topolvm.config.scheduler import SchedulerConfig, load_scheduler_config
 from topolvm.constants import names
-from topolvm.k8s.api import make_client
 from topolvm.k8s.errors import KubeError
 from topolvm.scheduler import schedulerconfig
-from topolvm.scheduler.nodecache import NodeCache
-from topolvm.scheduler.nodewatch import node_informer
-from topolvm.scheduler.server import make_app, serve
 
 log = logging.getLogger("topolvm.scheduler")
 
@@ -103,26 +96,11 @@ def run(args: argparse.Namespace) -> int:
     config = load(args)
     if config.profiling_bind_address:
         log.warning("profiling-bind-address is not supported (it serves Go's pprof); ignored")
-    cache = NodeCache(names(), max_age=config.node_cache_max_age) if config.node_cache else None
-    app = make_app(config, cache=cache, plugin_names=names(), registry=prometheus_client.REGISTRY)
-    host, port = config.listen_address
-    return daemon.run(
-        "topolvm-scheduler", _serve(app, host, port, cache, args.kubeconfig), KubeError
-    )
+    # Imported here: the server's aiohttp costs about 15 MB, which the per-node daemons (the
+    # same program) should not pay (tests/test_unit_footprint.py).
+    from topolvm.scheduler import server
 
-
-async def _serve(
-    app: web.Application, host: str, port: int, cache: NodeCache | None, kubeconfig: str | None
-) -> None:
-    """Serve; in node-cache mode, with the Node watch that feeds the cache as a part."""
-    if cache is None:
-        await serve(app, host, port)
-        return
-    client = make_client(kubeconfig)
-    try:
-        await serve(app, host, port, node_informer(client, cache).run())
-    finally:
-        await client.close()
+    return daemon.run("topolvm-scheduler", server.run(config, args.kubeconfig), KubeError)
 
 
 def run_print_config(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 import msgspec
+import prometheus_client
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CollectorRegistry
@@ -17,11 +18,13 @@ from prometheus_client import CollectorRegistry
 from topolvm import daemon
 from topolvm.config.scheduler import SchedulerConfig, default_config
 from topolvm.constants import Names, names
-from topolvm.daemon import Parts, serve_http
-from topolvm.metrics import metrics_response
+from topolvm.daemon import Parts, StartupError
+from topolvm.k8s.api import make_client
+from topolvm.metrics import exposition
 from topolvm.scheduler.extender import BadRequest
 from topolvm.scheduler.metrics import Metrics
 from topolvm.scheduler.nodecache import NodeCache
+from topolvm.scheduler.nodewatch import node_informer
 from topolvm.scheduler.status import VERBS, State, status_document, wired_text
 from topolvm.scheduler.verbs import Extender
 
@@ -165,7 +168,8 @@ async def _status(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    return metrics_response(request.app[STATE].metrics.registry)
+    answer = exposition(request.app[STATE].metrics.registry)
+    return web.Response(body=answer.body, headers={"Content-Type": answer.content_type})
 
 
 async def _wiring_watchdog(app: web.Application) -> AsyncIterator[None]:
@@ -203,7 +207,16 @@ class SchedulerDaemon:
         if self.node_watch is not None:
             self.parts.spawn(self.node_watch, "node-watch")
         where = (self.host, self.port)
-        await serve_http(self.parts, self.app, where, "the extender", access_log=AccessLog)
+        runner = web.AppRunner(self.app, access_log_class=AccessLog)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, *where).start()
+        except OSError as e:
+            await runner.cleanup()
+            why = e.strerror or e
+            where_ = f"{self.host}:{self.port}"
+            raise StartupError(f"cannot listen for the extender on {where_}: {why}") from e
+        self.parts.on_stop("the extender server", runner.cleanup)
         state = self.app[STATE]
         config = state.extender.config
         log.info(
@@ -235,3 +248,19 @@ async def serve(
 ) -> None:  # fmt: skip
     """Serve until SIGTERM/SIGINT (or until the Node watch fails), then shut down gracefully."""
     await daemon.serve(SchedulerDaemon(app, host, port, node_watch))
+
+
+async def run(config: SchedulerConfig, kubeconfig: str | None) -> None:
+    """Serve the extender ``config`` describes; in node-cache mode with the Node watch that
+    feeds the cache as a part (its client from ``kubeconfig``)."""
+    cache = NodeCache(names(), max_age=config.node_cache_max_age) if config.node_cache else None
+    app = make_app(config, cache=cache, plugin_names=names(), registry=prometheus_client.REGISTRY)
+    host, port = config.listen_address
+    if cache is None:
+        await serve(app, host, port)
+        return
+    client = make_client(kubeconfig)
+    try:
+        await serve(app, host, port, node_informer(client, cache).run())
+    finally:
+        await client.close()
