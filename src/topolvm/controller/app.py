@@ -118,6 +118,11 @@ class TopolvmController:
                 ) from e
 
     async def start(self) -> None:
+        # Health first: kubelet's liveness probe asks whether the process is alive, and a start
+        # that waits for the API server (check_api) must not look like a dead one. /readyz says
+        # whether it can serve. Stopped last (listeners stop last first).
+        health = {"/healthz": daemon.alive, "/readyz": self.ready}
+        await serve_health(self.parts, self.options.health_address, health)
         await self.check_api()
         self.parts.spawn(self.lv_informer.run(), "logicalvolume-informer")
         self.parts.spawn(self.node_informer.run(), "node-informer")
@@ -131,8 +136,6 @@ class TopolvmController:
 
         # Listeners in this order so that stop (last first) runs: readiness false, the CSI
         # server, the webhook, metrics, then health (kubelet's probes answer until the end).
-        health = {"/healthz": daemon.alive, "/readyz": self.ready}
-        await serve_health(self.parts, self.options.health_address, health)
         await serve_metrics(self.parts, self.registry, self.options.metrics_address)
         if self.options.webhook_address is not None:  # every replica serves the pod webhook
             await start_webhook(self.parts, self.options, self.client, self.names, self.metrics)
