@@ -42,7 +42,38 @@ async def test_answers_gets_on_one_kept_alive_connection_and_names_what_is_serve
     assert seen[0][1].startswith("text/plain; version=")  # Prometheus' text format
     assert seen[1][0] == 200
     assert seen[2][0] == 404 and "served: /metrics" in seen[2][2]
-    assert seen[3][:2] == (405, "GET")
+    assert seen[3][:2] == (405, "GET, HEAD")
+
+
+async def raw(port: int, request: bytes) -> bytes:
+    """Send ``request`` as is and read until the server closes the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    try:
+        return await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+
+
+async def test_head_close_http10_pipelining_and_oversize_heads() -> None:
+    server, port = GetServer({"/healthz": lambda: Answer(200, b"ok")}, "health"), free_port()
+    await server.listen("127.0.0.1", port)
+    try:
+        head = await raw(port, b"HEAD /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        old = await raw(port, b"GET /healthz HTTP/1.0\r\n\r\n")
+        two = await raw(
+            port,
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        big = await raw(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 20000)
+    finally:
+        await server.close()
+    assert head.startswith(b"HTTP/1.1 200 ") and b"content-length: 2\r\n" in head.lower()
+    assert head.endswith(b"\r\n\r\n")  # headers only
+    assert old.startswith(b"HTTP/1.1 200 ") and old.endswith(b"ok")
+    assert two.count(b"HTTP/1.1 200 ") == 1 and two.count(b"HTTP/1.1 404 ") == 1
+    assert big.startswith(b"HTTP/1.1 431 ")
 
 
 async def test_a_bad_request_gets_400_and_a_failing_route_500(
@@ -68,13 +99,18 @@ async def test_a_bad_request_gets_400_and_a_failing_route_500(
     assert "the check itself failed" in caplog.text
 
 
-async def test_stop_ends_idle_kept_alive_connections_at_once() -> None:
+async def test_stop_ends_idle_kept_alive_connections_at_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     server, port = GetServer({"/healthz": lambda: Answer(200, b"ok")}, "health"), free_port()
     await server.listen("127.0.0.1", port)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
     head = await asyncio.wait_for(reader.readuntil(b"ok"), 5)
     assert head.startswith(b"HTTP/1.1 200 ")
-    await asyncio.wait_for(server.close(), 2)  # the client keeps its connection open
-    assert await asyncio.wait_for(reader.read(), 2) == b""  # and sees it closed
-    writer.close()
+    with caplog.at_level(logging.WARNING):
+        await asyncio.wait_for(server.close(), 2)  # the client keeps its connection open
+        assert await asyncio.wait_for(reader.read(), 2) == b""  # and sees it closed
+        writer.close()
+        await asyncio.sleep(0.1)  # the stream's callbacks run
+    assert caplog.records == []  # asyncio says nothing about the cancelled connection
