@@ -87,6 +87,12 @@ def _map(node: UmlNode, pv: str, target: str, create: bool = False) -> None:
         node.exec(*dm, "load", pv, "--table", table)
         node.exec(*dm, "resume", pv)
     node.exec(*dm, "mknodes", pv)
+    if target == "linear" and not create:
+        # What LVM's udev rules run on a real host when a device changes. Without it, the
+        # hints LVM wrote while the PV could not be read (/run/lvm/hints: which devices hold
+        # PVs) leave it out for good, as nothing else tells LVM the device is back (seen in
+        # CI, 2026-11-26: "Couldn't find device with uuid" for 150 s after the PV returned).
+        node.lvm("pvscan", "--cache")
 
 
 def _lvmd_pid(node: UmlNode) -> str:
