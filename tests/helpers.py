@@ -6,6 +6,10 @@ import asyncio
 import inspect
 import socket
 import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +23,28 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def http_status(url: str, timeout: float = 5) -> tuple[int, bytes]:
+    """(status, body) of a GET of ``url``, an HTTP error's too; OSError when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def first_answer(url: str, proc: subprocess.Popen[str], timeout: float = 30) -> tuple[int, bytes]:
+    """:func:`http_status` of ``url`` once the server ``proc`` starts listens there; fails if
+    it exits first or does not listen within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return http_status(url)
+        except OSError as e:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise AssertionError(f"nothing answered at {url} (exit {proc.poll()})") from e
+            time.sleep(0.1)
 
 
 async def eventually(

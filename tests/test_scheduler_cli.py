@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,7 +16,7 @@ import pytest
 import yaml
 
 from bench import scheduler_bench
-from tests.helpers import free_port
+from tests.helpers import first_answer, free_port, http_status
 
 TOPOLVM = [sys.executable, "-m", "topolvm", "--log-format", "text"]
 DATA = Path(__file__).parent / "data" / "scheduler"
@@ -62,14 +61,6 @@ def test_print_config_modes() -> None:
     assert run_cli("scheduler", "print-config", "--weight", "0").returncode == 2
 
 
-def _get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
 def test_serves_until_sigterm_with_access_log(tmp_path: Path) -> None:
     port = free_port()
     cfg = tmp_path / "scheduler.yaml"
@@ -79,15 +70,7 @@ def test_serves_until_sigterm_with_access_log(tmp_path: Path) -> None:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                status, body = _get(f"http://127.0.0.1:{port}/status")
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(0.1)
+        status, body = first_answer(f"http://127.0.0.1:{port}/status", proc)
         assert status == 200
         assert json.loads(body)["mode"] == "managed-resource"
         req = urllib.request.Request(
@@ -98,7 +81,7 @@ def test_serves_until_sigterm_with_access_log(tmp_path: Path) -> None:
         with urllib.request.urlopen(req, timeout=5) as r:
             # divisor 2: 240 GiB → log2(120) → 6
             assert json.loads(r.read())[0] == {"Host": "node-a", "Score": 6}
-        assert _get(f"http://127.0.0.1:{port}/predicate")[0] == 405
+        assert http_status(f"http://127.0.0.1:{port}/predicate")[0] == 405
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     finally:

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-from tests.helpers import free_port
+from tests.helpers import first_answer, free_port, http_status
 
 KUBECONFIG = """apiVersion: v1
 kind: Config
@@ -20,14 +17,6 @@ users: [{name: u, user: {token: x}}]
 contexts: [{name: c, context: {cluster: c, user: u}}]
 current-context: c
 """
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
 
 
 def test_probes_answer_while_the_api_server_is_unreachable(tmp_path: Path) -> None:
@@ -42,15 +31,8 @@ def test_probes_answer_while_the_api_server_is_unreachable(tmp_path: Path) -> No
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                health = get(f"http://127.0.0.1:{port}/healthz")
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "never listened"
-                time.sleep(0.2)
-        ready = get(f"http://127.0.0.1:{port}/readyz")
+        health = first_answer(f"http://127.0.0.1:{port}/healthz", proc)
+        ready = http_status(f"http://127.0.0.1:{port}/readyz")
         assert proc.stdout is not None
         waiting = ""  # it says so every second, and gives up after 30 attempts (EOF)
         while "waiting for the API server" not in waiting and (line := proc.stdout.readline()):
@@ -58,6 +40,6 @@ def test_probes_answer_while_the_api_server_is_unreachable(tmp_path: Path) -> No
     finally:
         proc.terminate()
         proc.communicate(timeout=30)
-    assert health == (200, "ok")
-    assert ready == (503, "informer caches are not synced yet")
+    assert health == (200, b"ok")
+    assert ready == (503, b"informer caches are not synced yet")
     assert "cannot reach the Kubernetes API" in waiting
