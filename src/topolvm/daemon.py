@@ -124,9 +124,13 @@ async def serve_get(
     try:
         await server.listen(*address)
     except OSError as e:
-        where, why = f"{address[0]}:{address[1]}", e.strerror or e
-        raise StartupError(f"cannot listen for {what} on {where}: {why}") from e
+        raise cannot_listen(what, address, e) from e
     parts.on_stop(f"{what} server", server.close)
+
+
+def cannot_listen(what: str, address: tuple[str, int], e: OSError) -> StartupError:
+    """The start-up error of a listener that cannot bind ``address``."""
+    return StartupError(f"cannot listen for {what} on {address[0]}:{address[1]}: {e.strerror or e}")
 
 
 async def serve_metrics(

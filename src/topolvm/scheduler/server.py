@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from topolvm import daemon
 from topolvm.config.scheduler import SchedulerConfig, default_config
 from topolvm.constants import Names, names
-from topolvm.daemon import Parts, StartupError
+from topolvm.daemon import Parts, cannot_listen
 from topolvm.k8s.api import make_client
 from topolvm.metrics import exposition
 from topolvm.scheduler.extender import BadRequest
@@ -213,9 +213,7 @@ class SchedulerDaemon:
             await web.TCPSite(runner, *where).start()
         except OSError as e:
             await runner.cleanup()
-            why = e.strerror or e
-            where_ = f"{self.host}:{self.port}"
-            raise StartupError(f"cannot listen for the extender on {where_}: {why}") from e
+            raise cannot_listen("the extender", where, e) from e
         self.parts.on_stop("the extender server", runner.cleanup)
         state = self.app[STATE]
         config = state.extender.config
