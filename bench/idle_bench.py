@@ -10,7 +10,8 @@ per set-up, in the guest:
   to a file and execs ``lvm``, so every command lvmd runs is counted (the wrapper's own cost,
   one fork of ``sh``, is in the CPU figure: an upper bound);
 - CPU seconds per minute of the daemon(s) and their LVM children (``/proc/<pid>/stat``: utime,
-  stime, cutime, cstime);
+  stime, cutime, cstime), and per thread name (``/proc/<pid>/task/*``: the asyncio thread apart
+  from gRPC's C-core threads);
 - RSS and private (anonymous) memory of each daemon at the end (``/proc/<pid>/smaps_rollup``);
 - one outside change (an ``lvcreate`` by hand) after the window: the seconds until the Node's
   capacity annotation shows it (the kernel's device events, not a periodic report).
@@ -69,6 +70,19 @@ def cpu_seconds(node: UmlNode, pid: int) -> float:
     return (utime + stime + cutime + cstime) / TICKS
 
 
+def thread_cpu(node: UmlNode, pid: int) -> dict[str, float]:
+    """CPU seconds per thread of the process, summed by thread name (grpc's pools share one)."""
+    script = f'for t in /proc/{pid}/task/*; do echo "$(cat $t/comm)|$(cat $t/stat)"; done'
+    out: dict[str, float] = {}
+    for line in node.exec("sh", "-c", script).stdout.splitlines():
+        name, _, stat = line.partition("|")
+        if ")" not in stat:
+            continue  # the thread ended between the two reads
+        utime, stime = (int(f) for f in stat.rsplit(")", 1)[1].split()[11:13])
+        out[name] = out.get(name, 0.0) + (utime + stime) / TICKS
+    return out
+
+
 def lvm_calls(node: UmlNode) -> int:
     out = node.exec("sh", "-c", f"test -f {CALLS} && wc -l < {CALLS} || echo 0").stdout
     return int(out.strip())
@@ -109,11 +123,17 @@ def measure(bed: Testbed, index: int, mode: str, args: argparse.Namespace) -> di
     wait_for("the capacity annotation", lambda: annotation(bed, name) is not None)
     time.sleep(args.settle)
     pids = [node.pids[d] for d in daemons]
+    threads0 = [thread_cpu(node, p) for p in pids]
     calls0, cpu0, t0 = lvm_calls(node), [cpu_seconds(node, p) for p in pids], time.monotonic()
     time.sleep(args.window)
     calls1, cpu1, t1 = lvm_calls(node), [cpu_seconds(node, p) for p in pids], time.monotonic()
+    threads1 = [thread_cpu(node, p) for p in pids]
     minutes = (t1 - t0) / 60
     cpu = {d: round((b - a) / minutes, 4) for d, a, b in zip(daemons, cpu0, cpu1, strict=True)}
+    by_thread = {
+        d: {t: round((s - a.get(t, 0.0)) / minutes, 4) for t, s in b.items() if s > a.get(t, 0.0)}
+        for d, a, b in zip(daemons, threads0, threads1, strict=True)
+    }
     memory = {d: node.memory_mb(d) for d in daemons}
     # one change made by hand: until the Node's annotation shows it
     before = annotation(bed, name)
@@ -130,6 +150,7 @@ def measure(bed: Testbed, index: int, mode: str, args: argparse.Namespace) -> di
         "lvm_per_min": round((calls1 - calls0) / minutes, 2),
         "cpu_s_per_min": round(sum(cpu.values()), 4),
         "cpu_s_per_min_each": cpu,
+        "cpu_s_per_min_by_thread": by_thread,
         "memory": memory,
         "outside_change_seen_s": round(seen, 2),
     }
@@ -144,6 +165,8 @@ def report(res: dict[str, Any]) -> None:
         print(f"  {mode}:")
         print(f"    LVM commands/min  {r['lvm_per_min']:<10} | {up['lvm_per_min']}")
         print(f"    CPU s/min         {r['cpu_s_per_min']:<10} | {up['cpu_s_per_min']}")
+        for daemon, threads in r["cpu_s_per_min_by_thread"].items():
+            print(f"      {daemon} by thread: {threads}")
         print(f"    RSS MB            {rss:<10} | {up['rss_mb']}")
         print(f"    private MB        {private:<10} | {up['private_mb']}")
         print(f"    outside lvcreate seen in the Node's annotation after "
