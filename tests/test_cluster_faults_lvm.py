@@ -255,6 +255,7 @@ async def test_a_missing_physical_volume_is_an_event(
         finally:
             _map(node, "frail1", "linear")
         await all_bound(cluster_client, [broken], timeout=150)
+        assert "pvscan --cache" in event, event  # lvmd's hint for the operator (docs/lvmd.md)
         said = " ".join(line.strip() for line in event.splitlines() if "missing" in line)
         record_line(f"faults: one of vg2's PVs failed -> {said[:240]}")
         await _healed(s, node, driver, pids)

@@ -162,3 +162,19 @@ def test_error_message_keeps_command_and_stderr() -> None:
     assert "lvremove -f vg/lv" in text
     assert "exit status 5" in text
     assert 'Failed to find logical volume "vg/lv"' in text
+
+
+MISSING_PV = (
+    "  WARNING: Couldn't find device with uuid IhvRWr-pziW-G2wL-VURF-bwns-BK5A-aa04vh.\n"
+    "  WARNING: VG vg2 is missing PV IhvRWr-pziW-G2wL-VURF-bwns-BK5A-aa04vh.\n"
+    "  Cannot change VG vg2 while PVs are missing.\n"
+)
+
+
+def test_a_missing_pv_names_the_way_back() -> None:
+    err = error(5, MISSING_PV)
+    assert err.missing_pv
+    assert "Cannot change VG vg2 while PVs are missing" in str(err)
+    assert "pvscan --cache" in str(err)  # stale hints: the failure seen in CI (docs/lvmd.md)
+    assert not error(5, NO_SPACE).missing_pv
+    assert "pvscan" not in str(error(5, NO_SPACE))

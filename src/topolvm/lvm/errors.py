@@ -11,6 +11,13 @@ _NO_SPACE = re.compile(
     r"insufficient free space|Insufficient free space|not enough free space|"
     r"Insufficient suitable allocatable extents"
 )
+# A PV of the VG cannot be read; LVM refuses to change the VG until it is back.
+_MISSING_PV = re.compile(r"Couldn't find device with uuid|is missing PV|PVs are missing")
+MISSING_PV_HINT = (
+    "a physical volume of the volume group is missing: bring its device back; if LVM still "
+    "misses it afterwards, run `pvscan --cache` on the node (LVM's device hints were written "
+    "while it was unreadable); a PV gone for good: `vgreduce --removemissing` (docs/lvmd.md)"
+)
 _STDERR_LIMIT = 4000
 
 
@@ -24,12 +31,19 @@ class LvmError(Exception):
         if len(self.stderr) > _STDERR_LIMIT:
             self.stderr = self.stderr[:_STDERR_LIMIT] + "...(truncated)"
         self.reason = reason or f"exit status {returncode}"
-        super().__init__(f"{' '.join(self.argv)}: {self.reason}: {self.stderr}")
+        # before LVM's words, which may be long: an event's message may be cut at its end
+        hint = f" ({MISSING_PV_HINT})" if self.missing_pv else ""
+        super().__init__(f"{' '.join(self.argv)}: {self.reason}{hint}: {self.stderr}")
 
     @property
     def not_found(self) -> bool:
         """True when LVM reported a missing VG or LV (exit code 5 and the known message)."""
         return self.returncode == 5 and _NOT_FOUND.search(self.stderr) is not None
+
+    @property
+    def missing_pv(self) -> bool:
+        """True when LVM could not read a PV of the volume group."""
+        return _MISSING_PV.search(self.stderr) is not None
 
     @property
     def no_space(self) -> bool:
