@@ -17,7 +17,6 @@ from prometheus_client.process_collector import ProcessCollector
 
 from topolvm import daemon
 from topolvm.controller.csi_controller import ControllerService
-from topolvm.controller.inflight import InFlight
 from topolvm.controller.metrics import ControllerMetrics
 from topolvm.controller.options import ControllerOptions
 from topolvm.controller.parts import run_reconcilers, start_webhook
@@ -35,7 +34,7 @@ log = logging.getLogger("topolvm.controller")
 
 
 class InformerNodes:
-    """:class:`~topolvm.controller.csi_controller.NodeView` over a Node informer."""
+    """:class:`~topolvm.controller.ledger.NodeView` over a Node informer."""
 
     def __init__(self, informer: Informer):
         self.informer = informer
@@ -73,13 +72,12 @@ class TopolvmController:
         self.node_informer = Informer(client, Node, resync=options.resync)
         self.store = LogicalVolumeStore(client, self.names, self.lv_informer)
         self.nodes = InformerNodes(self.node_informer)
-        self.inflight = InFlight()
         self.service = ControllerService(
-            self.names, self.store, self.nodes, self.metrics, options.minimums, self.inflight
+            self.names, self.store, self.nodes, self.metrics, options.minimums
         )
         self.service.grpc_metrics = GrpcMetrics(self.registry)
         self.node_informer.add_handler(
-            lambda event, obj: self.service.node_changed(str(obj["metadata"]["name"]))
+            lambda event, obj: self.service.ledger.node_changed(str(obj["metadata"]["name"]))
         )
         self.identity = IdentityService(
             self.names, [csidriver_check(client, self.names)], interval=options.probe_interval

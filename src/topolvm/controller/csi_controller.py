@@ -3,7 +3,7 @@
 A volume is a LogicalVolume object: CreateVolume writes one for the chosen node and waits for
 the node's answer in its status; its ``status.volumeID`` (the object's UID, also the LV name) is
 the CSI volume and snapshot id. Unlike upstream, a node chosen by the scheduler is checked
-against its free space minus the volumes in flight there (:mod:`.inflight`), so two volumes are
+against its free space minus the volumes in flight there (:mod:`.ledger`), so two volumes are
 never promised the same bytes: the answer is RESOURCE_EXHAUSTED, and csi-provisioner asks
 kube-scheduler for another node.
 """
@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 
 from topolvm import capacity_annotations
 from topolvm.constants import Names
-from topolvm.controller.inflight import Ended, InFlight
+from topolvm.controller.ledger import CapacityLedger, NodeView
 from topolvm.controller.metrics import ControllerMetrics
 from topolvm.controller.sizing import (
     MinimumAllocations,
@@ -50,18 +49,6 @@ RpcCap = csi.ControllerServiceCapability.RPC
 CAPABILITIES = (RpcCap.CREATE_DELETE_VOLUME, RpcCap.CLONE_VOLUME, RpcCap.GET_CAPACITY,
                 RpcCap.EXPAND_VOLUME, RpcCap.CREATE_DELETE_SNAPSHOT)  # fmt: skip
 SINGLE_NODE_WRITER = csi.VolumeCapability.AccessMode.SINGLE_NODE_WRITER
-
-
-class NodeView(Protocol):
-    """The controller's view of Nodes (an informer cache)."""
-
-    def annotations(self, node: str) -> Mapping[str, str] | None:
-        """The Node's annotations; None if there is no such Node."""
-
-    def by_topology(self, key: str, value: str) -> str | None:
-        """Name of the Node whose label ``key`` is ``value``."""
-
-    def names(self) -> list[str]: ...
 
 
 _LOGGED = {"name": "volume", "volume_id": "volume_id", "source_volume_id": "source",
@@ -105,66 +92,25 @@ class ControllerService(csi_grpc.ControllerServicer):
         nodes: NodeView,
         metrics: ControllerMetrics,
         minimums: MinimumAllocations | None = None,
-        inflight: InFlight | None = None,
     ):
         self.names = names
         self.store = store
         self.nodes = nodes
         self.metrics = metrics
         self.minimums = minimums or MinimumAllocations()
-        self.inflight = inflight or InFlight()
+        self.ledger = CapacityLedger(names, nodes, store, metrics)
         self.name_locks = KeyedLocks()
         self.id_locks = KeyedLocks()
-
-    # -- capacity --------------------------------------------------------------------------
-
-    def _annotation(self, node: str, device_class: str) -> str | None:
-        ann = self.nodes.annotations(node) or {}
-        return ann.get(self.names.capacity_annotation(device_class))
-
-    def free_bytes(self, node: str, device_class: str) -> int:
-        """The node's annotated free bytes minus what volumes in flight there have taken."""
-        free = capacity_annotations.node_free(
-            self.names, self.nodes.annotations(node), device_class
-        )
-        self._ended(self.inflight.observe(node, lambda dc: self._annotation(node, dc)))
-        self._ended(self.inflight.expire())
-        creating = [
-            (lv.name, lv.size)
-            for lv in self.store.on_node(node)
-            if lv.device_class == device_class and not lv.volume_id and not lv.code
-        ]
-        return max(0, free - self.inflight.taken(node, device_class, creating))
-
-    def node_changed(self, node: str) -> None:
-        """Called on every new version of a Node: reservations it now shows end."""
-        self._ended(self.inflight.observe(node, lambda dc: self._annotation(node, dc)))
-        self._export_in_flight()
-
-    def _ended(self, ended: list[Ended]) -> None:
-        for e in ended:
-            r = e.reservation
-            log.info(
-                "capacity reservation ended",
-                extra={"volume": r.name, "node": r.node, "device_class": r.device_class,
-                       "bytes": r.size, "why": e.why, "after": round(e.after, 1),
-                       "annotation": self._annotation(r.node, r.device_class)},
-            )  # fmt: skip
-
-    def _export_in_flight(self) -> None:
-        self.metrics.in_flight_bytes.clear()
-        for (node, dc), size in self.inflight.totals().items():
-            self.metrics.in_flight_bytes.labels(node, capacity_annotations.class_key(dc)).set(size)
 
     @rpc
     async def GetCapacity(self, request: csi.GetCapacityRequest, context: Ctx) -> Any:
         dc = request.parameters.get(self.names.device_class_param, "")
         if not request.HasField("accessible_topology"):
-            total = sum(self.free_bytes(n, dc) for n in self.nodes.names())
+            total = sum(self.ledger.free_bytes(n, dc) for n in self.nodes.names())
             return csi.GetCapacityResponse(available_capacity=total)
         value = request.accessible_topology.segments.get(self.names.topology_key)
         node = self.nodes.by_topology(self.names.topology_key, value) if value else None
-        free = self.free_bytes(node, dc) if node else 0
+        free = self.ledger.free_bytes(node, dc) if node else 0
         return csi.GetCapacityResponse(available_capacity=free)
 
     # -- volumes ---------------------------------------------------------------------------
@@ -229,7 +175,7 @@ class ControllerService(csi_grpc.ControllerServicer):
                 )
             source, access = src.name, "rw"
         elif not has_reqs:
-            best = largest({n: self.free_bytes(n, dc) for n in self.nodes.names()})
+            best = largest({n: self.ledger.free_bytes(n, dc) for n in self.nodes.names()})
             if best is None:
                 raise status.Internal("can not find any node")
             node, free = best
@@ -246,7 +192,7 @@ class ControllerService(csi_grpc.ControllerServicer):
                     f"(no segment has {self.names.topology_key})"
                 )
             node = found
-            free = self.free_bytes(node, dc)
+            free = self.ledger.free_bytes(node, dc)
             if existing is None and free < size:
                 self.metrics.capacity_rejections.labels(capacity_annotations.class_key(dc)).inc()
                 raise status.ResourceExhausted(
@@ -288,31 +234,20 @@ class ControllerService(csi_grpc.ControllerServicer):
         # to end the reservation, which would count its bytes twice until the settle timeout
         # (found by the crash campaign); or not yet, so it is still reserved, for settle_delay.
         # A retry after a timed-out call keeps that call's reservation (abandoned, below).
-        annotation = self._annotation(req.node_name, req.device_class)
         made = existing is not None and bool(existing.volume_id)
-        self.inflight.reserve(req.name, req.node_name, req.device_class, req.size, annotation,
-                              made=made)  # fmt: skip
-        log.info(
-            "capacity reserved",
-            extra={"volume": req.name, "node": req.node_name, "device_class": req.device_class,
-                   "bytes": req.size, "annotation": annotation, "made": made},
-        )  # fmt: skip
-        self._export_in_flight()
+        self.ledger.reserve(req, made=made)
         try:
             await self.store.create(req)
             lv = await self.store.wait_created(req.name)
         except asyncio.CancelledError:
             # the caller's deadline: the node goes on making the LV, its annotation not counting
             # it yet. Released, its bytes could be offered again meanwhile.
-            self.inflight.abandon(req.name)
-            self._export_in_flight()
+            self.ledger.abandon(req.name)
             raise
         except BaseException:
-            self.inflight.release(req.name)
-            self._export_in_flight()
+            self.ledger.release(req.name)
             raise
-        self.inflight.settle(req.name)
-        self._export_in_flight()
+        self.ledger.settle(req.name)
         return lv
 
     async def _delete(self, volume_id: str) -> None:
@@ -320,8 +255,7 @@ class ControllerService(csi_grpc.ControllerServicer):
         if lv is None:
             return  # already gone: success, as the CSI spec asks
         await self.store.delete_and_wait(lv.name)
-        self.inflight.release(lv.name)
-        self._export_in_flight()
+        self.ledger.release(lv.name)
 
     @rpc
     async def DeleteVolume(self, request: csi.DeleteVolumeRequest, context: Ctx) -> Any:
@@ -348,7 +282,7 @@ class ControllerService(csi_grpc.ControllerServicer):
                 return csi.ControllerExpandVolumeResponse(
                     capacity_bytes=current, node_expansion_required=node_expansion
                 )
-            free = self.free_bytes(lv.node_name, lv.device_class)
+            free = self.ledger.free_bytes(lv.node_name, lv.device_class)
             if free < size - current:
                 raise status.Internal(
                     f"not enough space on node {lv.node_name}: {free} bytes free in device "
