@@ -40,6 +40,7 @@ GiB = 1 << 30
 SIZES = (100, 1000, 5000)
 TARGET_RATIO_AT_1000 = 1.5
 TARGET_CACHE_P99_MS = 5.0
+TARGET_TAIL = 3  # issue 24: p99 over median
 CACHE_WARMUP_ROUNDS = 20
 
 
@@ -215,7 +216,8 @@ async def measure(
                     pri.append(await post(session, base + "/prioritize", body))
                     std.append(timed(lambda: json.loads(body)))  # noqa: B023
                 med = statistics.median
-                results["full"].append((n, len(body), med(dec), med(std), med(flt), med(pri)))
+                results["full"].append((n, len(body), med(dec), med(std), med(flt), med(pri),
+                                        percentile(flt, 99), percentile(pri, 99)))  # fmt: skip
     finally:
         await runner.cleanup()
 
@@ -255,14 +257,19 @@ def report(results: dict[str, Any]) -> None:
         report_cache(results["cache"])
 
 
-def report_full(full: list[tuple[int, int, float, float, float, float]]) -> None:
+def report_full(full: list[tuple[int, int, float, float, float, float, float, float]]) -> None:
     print("\ntopolvm-scheduler over HTTP vs decoding the request body (msgspec), same run; medians")
     head = (
         f"{'nodes':>6}{'body MiB':>10}{'decode ms':>11}{'filter ms':>11}{'prio ms':>9}"
         f"{'(f+p)/dec':>11}{'f/dec':>7}{'p/dec':>7}{'json.loads ms':>15}{'target':>9}"
     )
     print(head)
-    for n, size, dec, std, flt, pri in full:
+    tails = []
+    for n, size, dec, std, flt, pri, flt99, pri99 in full:
+        tails.append(
+            f"{n:>6}{flt * 1e3:>9.2f}{flt99 * 1e3:>9.2f}{flt99 / flt:>7.1f}"
+            f"{pri * 1e3:>9.2f}{pri99 * 1e3:>9.2f}{pri99 / pri:>7.1f}"
+        )
         ratio = (flt + pri) / dec
         target = ""
         if n == 1000:
@@ -274,6 +281,10 @@ def report_full(full: list[tuple[int, int, float, float, float, float]]) -> None
             f"{pri * 1e3:>9.2f}{ratio:>11.2f}{flt / dec:>7.2f}{pri / dec:>7.2f}"
             f"{std * 1e3:>15.2f}  {target}"
         )
+    print(f"\ntails of the same rounds (target: p99 at most {TARGET_TAIL}x the median)")
+    print(f"{'nodes':>6}{'f p50':>9}{'f p99':>9}{'x':>7}{'p p50':>9}{'p p99':>9}{'x':>7}")
+    for line in tails:
+        print(line)
 
 
 def report_cache(cache: tuple[int, int, tuple[int, int], list[Any]]) -> None:
@@ -302,7 +313,7 @@ def report_cache(cache: tuple[int, int, tuple[int, int], list[Any]]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--sizes", default=",".join(map(str, SIZES)))
-    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--rounds", type=int, default=100)
     p.add_argument("--cache-nodes", type=int, default=5000)
     p.add_argument("--cache-rounds", type=int, default=300)
     p.add_argument("--cache-repeats", type=int, default=3)

@@ -147,6 +147,36 @@ async def test_remove_refuses_the_thin_pool(both: LvmdClient) -> None:
 # -- thin ----------------------------------------------------------------------------------
 
 
+async def test_a_pool_component_left_active_alone_is_deactivated(both: LvmdClient) -> None:
+    """An LVM command killed while it held the pool's metadata LV active on its own (found by
+    the crash campaign: lvmd SIGKILLed 0.53 s into a thin create) leaves every later activation
+    of the pool refused ("Activation of logical volume vg1/pool0 is prohibited while logical
+    volume vg1/pool0_tmeta is active"); lvmd deactivates that component and goes on."""
+    await both.lv.CreateLV(pb.CreateLVRequest(name="t0", device_class="thin", size_bytes=GiB))
+    for component in ("pool0_tmeta", "pool0_tdata"):
+        lvm("lvchange", "-an", "vg1")
+        lvm("lvchange", "-ay", "-y", f"vg1/{component}")  # LVM's component activation
+        with pytest.raises(AssertionError, match="is prohibited while"):
+            lvm("lvchange", "-ay", "vg1/pool0")
+        name = f"after-{component.removeprefix('pool0_t')}"
+        await both.lv.CreateLV(pb.CreateLVRequest(name=name, device_class="thin", size_bytes=GiB))
+        assert os.path.exists(f"/dev/vg1/{name}")
+    lvm("lvchange", "-an", "vg1")
+    lvm("lvchange", "-ay", "-y", "vg1/pool0_tmeta")
+    resp = await both.lv.ResizeLV(
+        pb.ResizeLVRequest(name="t0", device_class="thin", size_bytes=2 * GiB)
+    )
+    assert resp.size_bytes == 2 * GiB
+    lvm("lvchange", "-an", "vg1")
+    lvm("lvchange", "-ay", "-y", "vg1/pool0_tmeta")
+    snap = await both.lv.CreateLVSnapshot(
+        pb.CreateLVSnapshotRequest(
+            name="t0-snap", device_class="thin", source_volume="t0", access_type="rw"
+        )
+    )
+    assert snap.snapshot.size_bytes == 2 * GiB
+
+
 async def test_thin_create_list_and_overprovision(both: LvmdClient) -> None:
     # pool 2 GiB x ratio 5 = 10 GiB virtual; spare 1 GiB only affects GetFreeBytes
     resp = await both.lv.CreateLV(

@@ -178,3 +178,16 @@ def test_a_missing_pv_names_the_way_back() -> None:
     assert "pvscan --cache" in str(err)  # stale hints: the failure seen in CI (docs/lvmd.md)
     assert not error(5, NO_SPACE).missing_pv
     assert "pvscan" not in str(error(5, NO_SPACE))
+
+
+def test_a_pool_component_active_alone_is_named() -> None:
+    stderr = (
+        "  Activation of logical volume vg1/pool0 is prohibited while logical volume "
+        "vg1/pool0_tmeta is active.\n  Aborting. Failed to locally activate thin pool vg1/pool0.\n"
+    )
+    assert error(5, stderr).active_component == "vg1/pool0_tmeta"
+    assert error(5, stderr).component_active
+    unnamed = "  Cannot resize logical volume vg1/t0 with active component LV(s).\n"
+    assert error(5, unnamed).component_active and error(5, unnamed).active_component is None
+    assert not error(5, NO_SPACE).component_active
+    assert error(5, NO_SPACE).active_component is None

@@ -18,6 +18,12 @@ MISSING_PV_HINT = (
     "misses it afterwards, run `pvscan --cache` on the node (LVM's device hints were written "
     "while it was unreadable); a PV gone for good: `vgreduce --removemissing` (docs/lvmd.md)"
 )
+# A component of a thin pool (its _tmeta or _tdata) active on its own blocks the pool's
+# activation; an LVM command killed while it held one leaves it so.
+_ACTIVE_COMPONENT = re.compile(r"is prohibited while logical volume (\S+) is active")
+_COMPONENT_ACTIVE = re.compile(
+    r"is prohibited while logical volume \S+ is active|with active component"
+)
 _STDERR_LIMIT = 4000
 
 
@@ -44,6 +50,17 @@ class LvmError(Exception):
     def missing_pv(self) -> bool:
         """True when LVM could not read a PV of the volume group."""
         return _MISSING_PV.search(self.stderr) is not None
+
+    @property
+    def component_active(self) -> bool:
+        """True when a pool component active on its own blocked the command."""
+        return _COMPONENT_ACTIVE.search(self.stderr) is not None
+
+    @property
+    def active_component(self) -> str | None:
+        """``vg/lv`` of that component, when LVM names it."""
+        m = _ACTIVE_COMPONENT.search(self.stderr)
+        return m.group(1) if m else None
 
     @property
     def no_space(self) -> bool:

@@ -127,7 +127,7 @@ class LVService(pb_grpc.LVServiceServicer):
             # even if this RPC is cancelled, the next read refreshes
             was_exact = self.state.begin_change()
             try:
-                await self.runner.run(*argv)
+                await self._run_on_pool(pool, argv)
             except LvmError as e:
                 if "already exists" in e.stderr:
                     report, pool = await self._pool_locked_reloaded(dc)
@@ -161,6 +161,27 @@ class LVService(pb_grpc.LVServiceServicer):
                 self.state.record_linear(lv.full_name)
             self.state.update_locked(updated, capacity_exact=was_exact and linear)
         return pb.CreateLVResponse(volume=to_pb(lv, full=False))
+
+    async def _run_on_pool(self, pool: Pool, argv: list[str]) -> None:
+        """Run a command that needs ``pool`` active. A thin pool's _tmeta or _tdata left active
+        on its own (an LVM command killed while it held it: docs/reliability.md) refuses every
+        activation of the pool and every thin resize until it is deactivated: that is done, and
+        the command run again once. Only the components of this pool are touched."""
+        try:
+            await self.runner.run(*argv)
+        except LvmError as e:
+            thin = pool.thin_pool
+            if thin is None or not e.component_active:
+                raise
+            ours = _components(pool.vg.name, thin.name)
+            if e.active_component not in (None, *ours):
+                raise
+            log.warning(
+                "a component of the thin pool was active on its own; deactivating it",
+                extra={"components": ours, "argv": e.argv, "stderr": e.stderr},
+            )
+            await self.runner.run("lvchange", "-an", *ours)
+            await self.runner.run(*argv)
 
     async def _lvm_no_space(
         self, dc: DeviceClass, e: LvmError, requested: int
@@ -264,7 +285,7 @@ class LVService(pb_grpc.LVServiceServicer):
                 raise _no_space(free, delta)
             self.state.begin_change()
             try:
-                await self.runner.run("lvresize", "-L", f"{size}b", lv.full_name)
+                await self._run_on_pool(pool, ["lvresize", "-L", f"{size}b", lv.full_name])
             except LvmError as e:
                 if e.no_space:
                     raise await self._lvm_no_space(dc, e, delta) from e
@@ -346,7 +367,7 @@ class LVService(pb_grpc.LVServiceServicer):
         for t in tags:
             argv += ["--addtag", t]
         self.state.begin_change()
-        await self.runner.run(*argv)
+        await self._run_on_pool(pool, argv)
         path = f"/dev/{vg}/{name}"
         try:
             if desired > src.size:
@@ -366,3 +387,7 @@ class LVService(pb_grpc.LVServiceServicer):
             src, name=name, path=path, origin=src.name, tags=tuple(tags) or ("",), attr="", uuid=""
         )
         return await self._read_lv(vg, name, base)
+
+
+def _components(vg: str, thin_pool: str) -> tuple[str, str]:
+    return f"{vg}/{thin_pool}_tmeta", f"{vg}/{thin_pool}_tdata"
