@@ -1,9 +1,10 @@
 """pytest plumbing for the real-LVM tier.
 
-On the host, every test marked ``uml`` is replaced by a proxy item with the same node id. The
-first proxy to run boots User-Mode Linux once and runs pytest inside it on all proxied node ids;
-the inner run writes one JSON line per test phase, and each proxy then passes, skips or fails
-with the inner report, so failures read like ordinary test failures.
+On the host, every test marked ``uml`` is replaced by a proxy item with the same node id, and
+the proxies run first. The first proxy to run boots User-Mode Linux guests (one per host core, at
+most 2, each with whole modules) and runs pytest inside them on all proxied node ids; the inner
+runs write one JSON line per test phase, and each proxy then passes, skips or fails with the
+inner report, so failures read like ordinary test failures.
 """
 
 from __future__ import annotations
@@ -151,8 +152,9 @@ def _run_shard(nodeids: list[str]) -> tuple[dict[str, list[dict[str, Any]]], lis
     ) as out:
         remaining = list(nodeids)
         for boot in (1, 2):
-            started = time.monotonic()
+            started, booted = time.monotonic(), len(remaining)
             res = _boot(remaining, out.name)
+            error = ""  # what the last boot left without a result
             for line in out:
                 rec = json.loads(line)
                 results.setdefault(rec["nodeid"], []).append(rec)
@@ -165,7 +167,7 @@ def _run_shard(nodeids: list[str]) -> tuple[dict[str, list[dict[str, Any]]], lis
             else:
                 tail = res.console.strip().splitlines()[-1:] or [""]
                 notes.append(
-                    f"UML run of {len(nodeids)} tests finished in {time.monotonic() - started:.0f}s"
+                    f"UML run of {booted} tests finished in {time.monotonic() - started:.0f}s"
                     f" (inner pytest exit {res.returncode}): {tail[0]}"
                 )
             if not isinstance(res, uml.UmlStalled) or not remaining or boot == 2:
