@@ -6,6 +6,7 @@ option classes, ResizeLV and CreateLVSnapshot, thick and thin, with status codes
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Awaitable
 from typing import Any
@@ -147,34 +148,44 @@ async def test_remove_refuses_the_thin_pool(both: LvmdClient) -> None:
 # -- thin ----------------------------------------------------------------------------------
 
 
-async def test_a_pool_component_left_active_alone_is_deactivated(both: LvmdClient) -> None:
+async def test_a_pool_component_left_active_alone_is_deactivated(
+    both: LvmdClient, caplog: pytest.LogCaptureFixture
+) -> None:
     """An LVM command killed while it held the pool's metadata LV active on its own (found by
     the crash campaign: lvmd SIGKILLed 0.53 s into a thin create) leaves every later activation
     of the pool refused ("Activation of logical volume vg1/pool0 is prohibited while logical
-    volume vg1/pool0_tmeta is active"); lvmd deactivates that component and goes on."""
-    await both.lv.CreateLV(pb.CreateLVRequest(name="t0", device_class="thin", size_bytes=GiB))
-    for component in ("pool0_tmeta", "pool0_tdata"):
+    volume vg1/pool0_tmeta is active"); lvmd deactivates that component and goes on, for a
+    create, a resize and a snapshot alike (each takes the retry: its warning is logged)."""
+    caplog.set_level(logging.WARNING, logger="topolvm.lvmd.components")
+
+    def leave_active_alone(component: str) -> None:
         lvm("lvchange", "-an", "vg1")
         lvm("lvchange", "-ay", "-y", f"vg1/{component}")  # LVM's component activation
         with pytest.raises(AssertionError, match="is prohibited while"):
             lvm("lvchange", "-ay", "vg1/pool0")
+        caplog.clear()
+
+    def retried() -> bool:
+        return any("active on its own" in r.getMessage() for r in caplog.records)
+
+    await both.lv.CreateLV(pb.CreateLVRequest(name="t0", device_class="thin", size_bytes=GiB))
+    for component in ("pool0_tmeta", "pool0_tdata"):
+        leave_active_alone(component)
         name = f"after-{component.removeprefix('pool0_t')}"
         await both.lv.CreateLV(pb.CreateLVRequest(name=name, device_class="thin", size_bytes=GiB))
-        assert os.path.exists(f"/dev/vg1/{name}")
-    lvm("lvchange", "-an", "vg1")
-    lvm("lvchange", "-ay", "-y", "vg1/pool0_tmeta")
+        assert os.path.exists(f"/dev/vg1/{name}") and retried()
+    leave_active_alone("pool0_tmeta")
     resp = await both.lv.ResizeLV(
         pb.ResizeLVRequest(name="t0", device_class="thin", size_bytes=2 * GiB)
     )
-    assert resp.size_bytes == 2 * GiB
-    lvm("lvchange", "-an", "vg1")
-    lvm("lvchange", "-ay", "-y", "vg1/pool0_tmeta")
+    assert resp.size_bytes == 2 * GiB and retried()
+    leave_active_alone("pool0_tmeta")
     snap = await both.lv.CreateLVSnapshot(
         pb.CreateLVSnapshotRequest(
             name="t0-snap", device_class="thin", source_volume="t0", access_type="rw"
         )
     )
-    assert snap.snapshot.size_bytes == 2 * GiB
+    assert snap.snapshot.size_bytes == 2 * GiB and retried()
 
 
 async def test_thin_create_list_and_overprovision(both: LvmdClient) -> None:

@@ -1,8 +1,11 @@
-"""How the real-LVM tier splits its tests over guests (tests/uml_tier.py ``shard``)."""
+"""How the real-LVM tier splits its tests over guests (tests/uml_tier.py ``shard``,
+``guest_count``)."""
 
 from __future__ import annotations
 
-from tests.uml_tier import shard
+import pytest
+
+from tests.uml_tier import guest_count, shard
 
 IDS = [
     "tests/test_a.py::test_1",
@@ -39,3 +42,17 @@ def test_never_more_shards_than_modules() -> None:
     shards = shard(IDS, 8)
     assert len(shards) == 3
     assert sorted(n for s in shards for n in s) == sorted(IDS)
+
+
+def test_guests_default_to_one_per_core_at_most_two() -> None:
+    assert guest_count(None, 1) == 1
+    assert guest_count(None, None) == 1
+    assert guest_count("", 8) == 2
+    assert guest_count("3", 2) == 3
+
+
+@pytest.mark.parametrize("setting", ["two", "0", "-1", "1.5"])
+def test_a_bad_guest_setting_is_named(setting: str) -> None:
+    with pytest.raises(ValueError, match="TOPOLVM_UML_GUESTS must be a whole number") as e:
+        guest_count(setting, 2)
+    assert repr(setting) in str(e.value)

@@ -180,6 +180,18 @@ def test_a_missing_pv_names_the_way_back() -> None:
     assert "pvscan" not in str(error(5, NO_SPACE))
 
 
+def test_a_missing_pv_warning_on_another_failure_gets_no_hint() -> None:
+    """LVM warns of a missing PV on every command while one is gone; a command that failed for
+    another reason must not send the operator after the PV."""
+    warnings = "".join(MISSING_PV.splitlines(keepends=True)[:2])
+    err = error(5, warnings + "  " + NO_SPACE)
+    assert err.no_space and not err.missing_pv
+    assert "pvscan" not in str(err)
+    refused = "  Refusing activation of partial LV vg2/lv1.  Use '--activationmode partial'.\n"
+    partial = warnings + refused
+    assert error(5, partial).missing_pv
+
+
 def test_a_pool_component_active_alone_is_named() -> None:
     stderr = (
         "  Activation of logical volume vg1/pool0 is prohibited while logical volume "

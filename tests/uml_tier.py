@@ -14,7 +14,9 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,11 +35,12 @@ STALL_SECONDS = float(os.environ.get("TOPOLVM_UML_STALL_SECONDS", "240"))
 # Booting, starting pytest in the guest and collecting come before the first result line; on a
 # loaded host that alone took more than a short STALL_SECONDS (CI, 2026-11-26), so it has its own.
 BOOT_SECONDS = max(STALL_SECONDS, 300.0)
-# Guests that run the tier side by side (each uses one host core).
-GUESTS = max(1, int(os.environ.get("TOPOLVM_UML_GUESTS", str(min(2, os.cpu_count() or 1)))))
 GUEST_SETTINGS = ("TOPOLVM_FUZZ_EXAMPLES", "TOPOLVM_HANG_SECONDS")
 _results_key = pytest.StashKey[dict[str, list[dict[str, Any]]]]()
 _error_key = pytest.StashKey[str]()
+# Set when the host's run is interrupted (Ctrl-C): every running guest is then killed at its
+# next progress check instead of running its share to the end.
+_interrupted = threading.Event()
 
 
 class UmlFailure(Exception):
@@ -107,15 +110,25 @@ def _run_all(session: pytest.Session) -> dict[str, list[dict[str, Any]]]:
     if reason:
         session.stash[_error_key] = f"User-Mode Linux is not available: {reason}"
         return results
+    try:
+        guests = guest_count(os.environ.get("TOPOLVM_UML_GUESTS"), os.cpu_count())
+    except ValueError as e:
+        session.stash[_error_key] = str(e)
+        return results
     (REPO / ".uml").mkdir(exist_ok=True)
-    shards = shard(nodeids, GUESTS)
+    shards = shard(nodeids, guests)
     sizes = " + ".join(str(len(s)) for s in shards)
     where = f" in {len(shards)} guests ({sizes})" if len(shards) > 1 else ""
     _say(session, f"booting User-Mode Linux for {len(nodeids)} real-LVM tests{where}")
     # One guest runs on one host core (UML is uniprocessor): a guest per core runs the tier in
     # about half the time. Each guest has its own disks, memory file and results file.
+    _interrupted.clear()
     with concurrent.futures.ThreadPoolExecutor(len(shards)) as pool:
-        outcomes = list(pool.map(_run_shard, shards))
+        try:
+            outcomes = list(pool.map(_run_shard_safely, shards))
+        except BaseException:
+            _interrupted.set()  # the pool's exit waits for the guests: make them stop now
+            raise
     errors = []
     for shard_results, notes, error in outcomes:
         results.update(shard_results)
@@ -126,6 +139,22 @@ def _run_all(session: pytest.Session) -> dict[str, list[dict[str, Any]]]:
     if errors:
         session.stash[_error_key] = "\n".join(errors)
     return results
+
+
+def guest_count(setting: str | None, cores: int | None) -> int:
+    """How many guests run the tier side by side: ``TOPOLVM_UML_GUESTS`` if set, else one per
+    host core (UML is uniprocessor), at most 2."""
+    if setting is None or not setting.strip():
+        return max(1, min(2, cores or 1))
+    try:
+        guests = int(setting)
+    except ValueError:
+        guests = 0
+    if guests < 1:
+        raise ValueError(
+            f"TOPOLVM_UML_GUESTS must be a whole number of guests, 1 or more; got {setting!r}"
+        )
+    return guests
 
 
 def shard(nodeids: list[str], guests: int) -> list[list[str]]:
@@ -139,6 +168,17 @@ def shard(nodeids: list[str], guests: int) -> list[list[str]]:
         min(shards, key=len).extend(tests)
     order = {nodeid: i for i, nodeid in enumerate(nodeids)}
     return [sorted(s, key=order.__getitem__) for s in shards]
+
+
+def _run_shard_safely(
+    nodeids: list[str],
+) -> tuple[dict[str, list[dict[str, Any]]], list[str], str]:
+    """``_run_shard``, with a failure of the host-side plumbing turned into that shard's error:
+    the other guest's results still count, and this shard's tests fail with the traceback."""
+    try:
+        return _run_shard(nodeids)
+    except Exception:
+        return {}, [], "running the guest failed on the host:\n" + traceback.format_exc()
 
 
 def _run_shard(nodeids: list[str]) -> tuple[dict[str, list[dict[str, Any]]], list[str], str]:
@@ -170,6 +210,9 @@ def _run_shard(nodeids: list[str]) -> tuple[dict[str, list[dict[str, Any]]], lis
                     f"UML run of {booted} tests finished in {time.monotonic() - started:.0f}s"
                     f" (inner pytest exit {res.returncode}): {tail[0]}"
                 )
+            if _interrupted.is_set():
+                error = "the run was interrupted; the guest was killed"
+                break
             if not isinstance(res, uml.UmlStalled) or not remaining or boot == 2:
                 break
             # The guest stopped making progress (seen rarely, inside a test's teardown; the
@@ -197,6 +240,8 @@ def _boot(nodeids: list[str], results_file: str) -> uml.UmlResult | uml.UmlError
     progress = {"size": os.path.getsize(results_file), "at": started}
 
     def stalled() -> bool:
+        if _interrupted.is_set():
+            return True
         size = os.path.getsize(results_file)
         now = time.monotonic()
         if size != progress["size"]:

@@ -11,8 +11,13 @@ _NO_SPACE = re.compile(
     r"insufficient free space|Insufficient free space|not enough free space|"
     r"Insufficient suitable allocatable extents"
 )
-# A PV of the VG cannot be read; LVM refuses to change the VG until it is back.
-_MISSING_PV = re.compile(r"Couldn't find device with uuid|is missing PV|PVs are missing")
+# A PV of the VG cannot be read; LVM refuses to change the VG until it is back. LVM also warns
+# of a missing PV ("WARNING: Couldn't find device with uuid ...") when a command fails for
+# another reason: only a line that is not a warning counts.
+_MISSING_PV = re.compile(
+    r"Couldn't find device with uuid|is missing PV|PVs are missing|"
+    r"Refusing activation of partial LV"
+)
 MISSING_PV_HINT = (
     "a physical volume of the volume group is missing: bring its device back; if LVM still "
     "misses it afterwards, run `pvscan --cache` on the node (LVM's device hints were written "
@@ -48,8 +53,12 @@ class LvmError(Exception):
 
     @property
     def missing_pv(self) -> bool:
-        """True when LVM could not read a PV of the volume group."""
-        return _MISSING_PV.search(self.stderr) is not None
+        """True when LVM refused the command because a PV of the volume group is missing."""
+        return any(
+            _MISSING_PV.search(line) is not None
+            for line in self.stderr.splitlines()
+            if not line.lstrip().startswith("WARNING:")
+        )
 
     @property
     def component_active(self) -> bool:

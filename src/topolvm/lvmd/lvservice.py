@@ -26,6 +26,7 @@ from topolvm.lvm.report import (
     without_lv,
 )
 from topolvm.lvmd.capacity import Pool, PoolMissing, find_pool
+from topolvm.lvmd.components import run_on_pool
 from topolvm.lvmd.service import resolve, rpc_of, to_pb
 from topolvm.lvmd.state import LvmState
 from topolvm.proto import lvmd_pb2 as pb
@@ -163,25 +164,9 @@ class LVService(pb_grpc.LVServiceServicer):
         return pb.CreateLVResponse(volume=to_pb(lv, full=False))
 
     async def _run_on_pool(self, pool: Pool, argv: list[str]) -> None:
-        """Run a command that needs ``pool`` active. A thin pool's _tmeta or _tdata left active
-        on its own (an LVM command killed while it held it: docs/reliability.md) refuses every
-        activation of the pool and every thin resize until it is deactivated: that is done, and
-        the command run again once. Only the components of this pool are touched."""
-        try:
-            await self.runner.run(*argv)
-        except LvmError as e:
-            thin = pool.thin_pool
-            if thin is None or not e.component_active:
-                raise
-            ours = _components(pool.vg.name, thin.name)
-            if e.active_component not in (None, *ours):
-                raise
-            log.warning(
-                "a component of the thin pool was active on its own; deactivating it",
-                extra={"components": ours, "argv": e.argv, "stderr": e.stderr},
-            )
-            await self.runner.run("lvchange", "-an", *ours)
-            await self.runner.run(*argv)
+        """Run a command that needs ``pool`` active (see :mod:`topolvm.lvmd.components`)."""
+        thin = pool.thin_pool.name if pool.thin_pool else None
+        await run_on_pool(self.runner.run, pool.vg.name, thin, argv)
 
     async def _lvm_no_space(
         self, dc: DeviceClass, e: LvmError, requested: int
@@ -387,7 +372,3 @@ class LVService(pb_grpc.LVServiceServicer):
             src, name=name, path=path, origin=src.name, tags=tuple(tags) or ("",), attr="", uuid=""
         )
         return await self._read_lv(vg, name, base)
-
-
-def _components(vg: str, thin_pool: str) -> tuple[str, str]:
-    return f"{vg}/{thin_pool}_tmeta", f"{vg}/{thin_pool}_tdata"
