@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
 from collections.abc import Awaitable
 from typing import Any
 
 import grpc
 import pytest
 
-from tests.lvm_fixtures import THICK, GiB, LvmdClient, VolumeGroups, code_of, lvm
+from tests.lvm_fixtures import THICK, THIN, GiB, LvmdClient, VolumeGroups, code_of, lvm
 from tests.lvmd_lvm_helpers import (
     MiB,
     both,  # noqa: F401
@@ -156,7 +157,7 @@ async def test_a_pool_component_left_active_alone_is_deactivated(
     of the pool refused ("Activation of logical volume vg1/pool0 is prohibited while logical
     volume vg1/pool0_tmeta is active"); lvmd deactivates that component and goes on, for a
     create, a resize and a snapshot alike (each takes the retry: its warning is logged)."""
-    caplog.set_level(logging.WARNING, logger="topolvm.lvmd.components")
+    caplog.set_level(logging.WARNING, logger="topolvm.lvmd.thin_repair")
 
     def leave_active_alone(component: str) -> None:
         lvm("lvchange", "-an", "vg1")
@@ -186,6 +187,42 @@ async def test_a_pool_component_left_active_alone_is_deactivated(
         )
     )
     assert snap.snapshot.size_bytes == 2 * GiB and retried()
+
+
+def _dmsetup(*args: str) -> None:
+    proc = subprocess.run(["dmsetup", *args], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, f"dmsetup {' '.join(args)}: {proc.stderr}"
+
+
+async def test_a_thin_volume_its_pool_lost_is_created_again(
+    vgs: VolumeGroups, lvmd_factory: Any
+) -> None:
+    """Power lost during a thin create can leave LVM's metadata with the volume while the
+    pool's own metadata never got its thin device (crash campaign, seed 20261125 run 7): at
+    boot its activation fails with ENODATA. The create retried after the restart must give a
+    volume that works, not report the lost one."""
+    vgs.create("vg1", size_gib=8)
+    vgs.thin_pool("vg1", "pool0", 2)
+    before = await lvmd_factory([THICK, THIN])
+    await before.lv.CreateLV(pb.CreateLVRequest(name="lost", device_class="thin", size_bytes=GiB))
+    thin_id = lvm("lvs", "--noheadings", "-o", "thin_id", "vg1/lost").strip()
+    lvm("lvchange", "-an", "vg1/lost")
+    lvm("lvchange", "-ay", "vg1/pool0")  # the pool's -tpool device takes the message
+    _dmsetup("message", "vg1-pool0-tpool", "0", f"delete {thin_id}")  # what the pool loses
+    with pytest.raises(AssertionError, match="No data available"):
+        lvm("lvchange", "-ay", "vg1/lost")
+    after = await lvmd_factory([THICK, THIN])  # lvmd after the reboot: a fresh report
+    resp = await after.lv.CreateLV(
+        pb.CreateLVRequest(name="lost", device_class="thin", size_bytes=GiB)
+    )
+    assert resp.volume.size_bytes == GiB
+    with open("/dev/vg1/lost", "r+b") as dev:  # the volume is usable: written and read back
+        dev.write(b"topolvm" * 512)
+        dev.flush()
+        os.fsync(dev.fileno())
+        dev.seek(0)
+        assert dev.read(7 * 512) == b"topolvm" * 512
+    assert lv_report("vg1")["lost"]["lv_attr"][4] == "a"
 
 
 async def test_thin_create_list_and_overprovision(both: LvmdClient) -> None:

@@ -26,9 +26,9 @@ from topolvm.lvm.report import (
     without_lv,
 )
 from topolvm.lvmd.capacity import Pool, PoolMissing, find_pool
-from topolvm.lvmd.components import run_on_pool
 from topolvm.lvmd.service import resolve, rpc_of, to_pb
 from topolvm.lvmd.state import LvmState
+from topolvm.lvmd.thin_repair import lost_thin, run_on_pool
 from topolvm.proto import lvmd_pb2 as pb
 from topolvm.proto import lvmd_pb2_grpc as pb_grpc
 from topolvm.rpc import status
@@ -107,6 +107,11 @@ class LVService(pb_grpc.LVServiceServicer):
             # Checks in upstream's order: pool, free space, option class, alignment.
             report, pool = await self._pool_locked(dc)
             existing = report.find_lv(pool.vg.name, name)
+            if existing is not None and await lost_thin(self.runner.run, existing):
+                self.state.begin_change()
+                await self.runner.run("lvremove", "-f", existing.full_name)
+                report, pool = await self._pool_locked_reloaded(dc)
+                existing = report.find_lv(pool.vg.name, name)
             if existing is not None:
                 return self._existing(existing, pool, size, stripes)
             free = pool.free(report)
@@ -164,7 +169,7 @@ class LVService(pb_grpc.LVServiceServicer):
         return pb.CreateLVResponse(volume=to_pb(lv, full=False))
 
     async def _run_on_pool(self, pool: Pool, argv: list[str]) -> None:
-        """Run a command that needs ``pool`` active (see :mod:`topolvm.lvmd.components`)."""
+        """Run a command that needs ``pool`` active (see :mod:`topolvm.lvmd.thin_repair`)."""
         thin = pool.thin_pool.name if pool.thin_pool else None
         await run_on_pool(self.runner.run, pool.vg.name, thin, argv)
 

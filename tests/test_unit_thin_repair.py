@@ -1,4 +1,5 @@
-"""The retry that clears a thin pool's component left active alone (topolvm.lvmd.components)."""
+"""Thin pools left inconsistent by a killed LVM command (topolvm.lvmd.thin_repair): the retry
+that clears a component left active alone, and a thin volume the pool lost."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from collections.abc import Iterable
 import pytest
 
 from topolvm.lvm.errors import LvmError
-from topolvm.lvmd.components import run_on_pool
+from topolvm.lvm.report import LvRecord
+from topolvm.lvmd.thin_repair import lost_thin, run_on_pool
 
 REFUSED = (
     "  Activation of logical volume vg1/pool0 is prohibited while logical volume "
@@ -76,3 +78,38 @@ async def test_a_failed_deactivation_leaves_the_refusal_as_the_error() -> None:
     assert e.value.component_active and e.value.argv == list(CREATE)
     assert isinstance(e.value.__cause__, LvmError) and "in use" in e.value.__cause__.stderr
     assert lvm.calls == [CREATE, DEACTIVATE]
+
+
+def thin(attr: str) -> LvRecord:
+    return LvRecord(
+        name="lv1", vg_name="vg1", uuid="", path="/dev/vg1/lv1", size=1 << 30, major=0,
+        minor=0, origin="", pool_lv="pool0", tags=("",), attr=attr,
+    )  # fmt: skip
+
+
+LOST = (
+    "  device-mapper: reload ioctl on  (253:9) failed: No data available\n  Failed to resume lv1.\n"
+)
+ACTIVATE = ("lvchange", "-ay", "-K", "vg1/lv1")
+
+
+async def test_a_thin_volume_the_pool_lost_is_named_lost() -> None:
+    lvm = Lvm([LOST])
+    assert await lost_thin(lvm.run, thin("Vwi---tz--"))
+    assert lvm.calls == [ACTIVATE]
+
+
+async def test_an_active_or_activatable_volume_is_kept() -> None:
+    lvm = Lvm([])
+    assert not await lost_thin(lvm.run, thin("Vwi-a-tz--"))
+    assert not await lost_thin(lvm.run, thin("-wi-------"))  # not thin: never touched
+    assert lvm.calls == []
+    lvm = Lvm([""])
+    assert not await lost_thin(lvm.run, thin("Vwi---tz--"))
+    assert lvm.calls == [ACTIVATE]
+
+
+async def test_another_activation_failure_is_raised() -> None:
+    lvm = Lvm(["  Volume group vg1 has insufficient free space.\n"])
+    with pytest.raises(LvmError, match="insufficient"):
+        await lost_thin(lvm.run, thin("Vwi---tz--"))
