@@ -9,7 +9,7 @@ import pytest
 
 from topolvm.lvm.errors import LvmError
 from topolvm.lvm.report import LvRecord
-from topolvm.lvmd.thin_repair import lost_thin, run_on_pool
+from topolvm.lvmd.thin_repair import inactive_thin, lost_thin, run_on_pool
 
 REFUSED = (
     "  Activation of logical volume vg1/pool0 is prohibited while logical volume "
@@ -20,8 +20,13 @@ NO_SPACE = '  Volume group "vg1" has insufficient free space (10 extents): 20 re
 CREATE = ("lvcreate", "-T", "vg1/pool0", "-n", "lv1", "-V", "1g")
 
 
+class Out(str):
+    """A scripted answer that succeeds and prints this."""
+
+
 class Lvm:
-    """Answers each command with the next scripted stderr ("" = success), records the argv."""
+    """Answers each command with the next scripted answer (an :class:`Out`, or a stderr that
+    fails the command; "" succeeds), and records the argv."""
 
     def __init__(self, answers: Iterable[str]):
         self.answers = list(answers)
@@ -29,9 +34,11 @@ class Lvm:
 
     async def run(self, *argv: str) -> str:
         self.calls.append(argv)
-        stderr = self.answers.pop(0)
-        if stderr:
-            raise LvmError(argv, 5, stderr)
+        answer = self.answers.pop(0)
+        if isinstance(answer, Out):
+            return str(answer)
+        if answer:
+            raise LvmError(argv, 5, answer)
         return ""
 
 
@@ -93,17 +100,37 @@ LOST = (
 ACTIVATE = ("lvchange", "-ay", "-K", "vg1/lv1")
 
 
+HEALTH = ("lvs", "--noheadings", "-o", "lv_health_status", "vg1/pool0")
+
+
 async def test_a_thin_volume_the_pool_lost_is_named_lost() -> None:
-    lvm = Lvm([LOST])
+    lvm = Lvm([LOST, Out("  \n")])
     assert await lost_thin(lvm.run, thin("Vwi---tz--"))
+    assert lvm.calls == [ACTIVATE, HEALTH]
+
+
+async def test_enodata_from_an_unhealthy_pool_keeps_the_volume() -> None:
+    """ENODATA is also the kernel's word for an unreadable metadata block: a volume whose pool
+    needs a check or failed may hold data, so it is never taken for lost."""
+    for health in ("needs_check", "failed", "metadata_read_only"):
+        lvm = Lvm([LOST, Out(f"  {health}\n")])
+        with pytest.raises(LvmError, match="No data available"):
+            await lost_thin(lvm.run, thin("Vwi---tz--"))
+    lvm = Lvm(["  WARNING: reload ioctl on (253:9) failed: No data available\n  Failed.\n"])
+    with pytest.raises(LvmError):  # a warning line is not the activation's answer
+        await lost_thin(lvm.run, thin("Vwi---tz--"))
     assert lvm.calls == [ACTIVATE]
 
 
-async def test_an_active_or_activatable_volume_is_kept() -> None:
-    lvm = Lvm([])
-    assert not await lost_thin(lvm.run, thin("Vwi-a-tz--"))
-    assert not await lost_thin(lvm.run, thin("-wi-------"))  # not thin: never touched
-    assert lvm.calls == []
+def test_only_an_inactive_thin_volume_of_the_pool_is_looked_at() -> None:
+    assert inactive_thin(thin("Vwi---tz--"), "pool0")
+    assert not inactive_thin(thin("Vwi-a-tz--"), "pool0")  # active
+    assert not inactive_thin(thin("Vwi---tz--"), "pool9")  # another pool's
+    assert not inactive_thin(thin("-wi-------"), "pool0")  # not thin
+    assert not inactive_thin(thin(""), "pool0")  # lvmd's own record: no attributes yet
+
+
+async def test_a_volume_that_activates_is_kept() -> None:
     lvm = Lvm([""])
     assert not await lost_thin(lvm.run, thin("Vwi---tz--"))
     assert lvm.calls == [ACTIVATE]

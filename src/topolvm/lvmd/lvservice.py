@@ -28,7 +28,7 @@ from topolvm.lvm.report import (
 from topolvm.lvmd.capacity import Pool, PoolMissing, find_pool
 from topolvm.lvmd.service import resolve, rpc_of, to_pb
 from topolvm.lvmd.state import LvmState
-from topolvm.lvmd.thin_repair import lost_thin, run_on_pool
+from topolvm.lvmd.thin_repair import inactive_thin, lost_thin, run_on_pool
 from topolvm.proto import lvmd_pb2 as pb
 from topolvm.proto import lvmd_pb2_grpc as pb_grpc
 from topolvm.rpc import status
@@ -107,11 +107,8 @@ class LVService(pb_grpc.LVServiceServicer):
             # Checks in upstream's order: pool, free space, option class, alignment.
             report, pool = await self._pool_locked(dc)
             existing = report.find_lv(pool.vg.name, name)
-            if existing is not None and await lost_thin(self.runner.run, existing):
-                self.state.begin_change()
-                await self.runner.run("lvremove", "-f", existing.full_name)
-                report, pool = await self._pool_locked_reloaded(dc)
-                existing = report.find_lv(pool.vg.name, name)
+            if existing is not None:
+                report, pool, existing = await self._activated_or_lost(dc, report, pool, existing)
             if existing is not None:
                 return self._existing(existing, pool, size, stripes)
             free = pool.free(report)
@@ -167,6 +164,20 @@ class LVService(pb_grpc.LVServiceServicer):
                 self.state.record_linear(lv.full_name)
             self.state.update_locked(updated, capacity_exact=was_exact and linear)
         return pb.CreateLVResponse(volume=to_pb(lv, full=False))
+
+    async def _activated_or_lost(
+        self, dc: DeviceClass, report: Report, pool: Pool, lv: LvRecord
+    ) -> tuple[Report, Pool, LvRecord | None]:
+        """A create found ``lv`` by its name: an inactive thin volume of this pool is activated,
+        or removed when its pool lost it (:func:`~topolvm.lvmd.thin_repair.lost_thin`); then
+        the state is read again. Returns the report, the pool and the LV, None once removed."""
+        if pool.thin_pool is None or not inactive_thin(lv, pool.thin_pool.name):
+            return report, pool, lv
+        self.state.begin_change()
+        if await lost_thin(self.runner.run, lv):
+            await self.runner.run("lvremove", "-f", lv.full_name)
+        report, pool = await self._pool_locked_reloaded(dc)
+        return report, pool, report.find_lv(pool.vg.name, lv.name)
 
     async def _run_on_pool(self, pool: Pool, argv: list[str]) -> None:
         """Run a command that needs ``pool`` active (see :mod:`topolvm.lvmd.thin_repair`)."""
@@ -330,6 +341,8 @@ class LVService(pb_grpc.LVServiceServicer):
                     f"requested size {desired} is smaller than the source volume size {src.size}",
                 )
             existing = report.find_lv(pool.vg.name, name)
+            if existing is not None:
+                report, pool, existing = await self._activated_or_lost(dc, report, pool, existing)
             if existing is not None:
                 if existing.origin == source and existing.size >= desired:
                     return pb.CreateLVSnapshotResponse(snapshot=to_pb(existing, full=False))

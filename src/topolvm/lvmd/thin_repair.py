@@ -8,13 +8,15 @@ docs/reliability.md), and what lvmd does about them. Only the pool at hand is ev
   deactivated: :func:`run_on_pool` does that and runs the command once more.
 - A thin volume the pool lost: power lost during a thin ``lvcreate`` can leave LVM's metadata
   with the new volume while the pool's own metadata never got its thin device. Activating it
-  fails ("reload ioctl ... failed: No data available", ENODATA) and it can hold no data: when a
-  create finds it (:func:`lost_thin`), lvmd removes it and creates it again.
+  fails ("reload ioctl ... failed: No data available", ENODATA); with the pool healthy, the
+  volume has no thin device and so no data: when a create of its name finds it
+  (:func:`lost_thin`), lvmd removes it and creates it again.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Awaitable, Callable, Sequence
 
 from topolvm.lvm.errors import LvmError
@@ -23,8 +25,10 @@ from topolvm.lvm.report import LvRecord
 log = logging.getLogger(__name__)
 
 Run = Callable[..., Awaitable[str]]
-# The thin target's answer when its pool has no thin device of the id LVM gives it.
-_NO_THIN_DEVICE = "No data available"
+# The thin target's answer when its pool has no thin device of the id LVM gives it (ENODATA).
+# The kernel also says ENODATA for an unreadable metadata block, which puts the pool in a
+# failed or read-only mode: the pool's health must be clean too (:func:`lost_thin`).
+_NO_THIN_DEVICE = re.compile(r"reload ioctl on .*failed: No data available")
 
 
 def components(vg: str, thin_pool: str) -> tuple[str, str]:
@@ -62,29 +66,46 @@ async def run_on_pool(run: Run, vg: str, thin_pool: str | None, argv: Sequence[s
     try:
         await run(*argv)
     except LvmError as again:
-        log.error(
+        log.warning(  # the caller decides (an existing LV, no space): not always an error
             "the command failed again after the pool's components were deactivated",
             extra={"argv": again.argv, "stderr": again.stderr, "first": refusal.stderr},
         )
         raise again from refusal
 
 
+def inactive_thin(lv: LvRecord, thin_pool: str) -> bool:
+    """``lv`` is a thin volume of ``thin_pool`` that is not active (as LVM last reported it;
+    a record lvmd made itself carries no attributes and is never taken for one)."""
+    return lv.is_thin_volume and lv.pool_lv == thin_pool and lv.attr[4:5] != "a"
+
+
 async def lost_thin(run: Run, lv: LvRecord) -> bool:
-    """Whether ``lv``, found by a create of its name, is a thin volume its pool lost: not
-    active, and its activation answered ENODATA. An active volume, or one that activates, is
-    not (False). Any other activation failure is raised: the create must not report a volume
-    that cannot be used."""
-    if not lv.is_thin_volume or lv.attr[4:5] == "a":
-        return False
+    """Activate ``lv``, an :func:`inactive_thin` volume found by a create of its name. True
+    when its pool lost it: the activation's reload answered ENODATA and the pool reports a
+    clean health (not failed, read-only or needing a check). Any other failure is raised: the
+    create must neither report a volume that cannot be used nor remove one that may hold data."""
     try:
         await run_on_pool(run, lv.vg_name, lv.pool_lv, ["lvchange", "-ay", "-K", lv.full_name])
         return False
     except LvmError as e:
-        if _NO_THIN_DEVICE not in e.stderr:
+        if not any(
+            _NO_THIN_DEVICE.search(line) and not line.lstrip().startswith("WARNING:")
+            for line in e.stderr.splitlines()
+        ):
             raise
-        log.warning(
-            "the thin pool has no thin device for this volume (its creation never reached the "
-            "pool's metadata, e.g. power lost mid-create): removing it to create it again",
-            extra={"lv": lv.full_name, "pool": lv.pool_lv, "stderr": e.stderr},
+        lost = e
+    pool = f"{lv.vg_name}/{lv.pool_lv}"
+    health = (await run("lvs", "--noheadings", "-o", "lv_health_status", pool)).strip()
+    if health:
+        log.error(
+            "a thin volume could not be activated and its pool is not healthy: the volume is "
+            "kept (repair the pool: lvconvert --repair)",
+            extra={"lv": lv.full_name, "pool": pool, "health": health, "stderr": lost.stderr},
         )
-        return True
+        raise lost
+    log.warning(
+        "the thin pool has no thin device for this volume (its creation never reached the "
+        "pool's metadata, e.g. power lost mid-create): removing it to create it again",
+        extra={"lv": lv.full_name, "pool": pool, "stderr": lost.stderr},
+    )
+    return True
