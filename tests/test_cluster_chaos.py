@@ -8,7 +8,8 @@ checksum it was written with.
 100 crashing lvmd and cutting the power too (TOPOLVM_CHAOS_RUNS, TOPOLVM_CHAOS_VICTIMS;
 TOPOLVM_CHAOS_SEED picks another campaign; a failing run names its seed, operation, victim and
 delay). The victims take turns (run n: the n-th victim, cyclically); the operation and the delay
-are drawn from the seed. The two failures the long campaign found are fixed (docs/reliability.md)."""
+are drawn from the seed. The two failures the long campaign found are fixed
+(docs/reliability.md)."""
 
 from __future__ import annotations
 

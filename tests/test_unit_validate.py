@@ -180,6 +180,15 @@ def test_a_missing_pv_names_the_way_back() -> None:
     assert "pvscan" not in str(error(5, NO_SPACE))
 
 
+def test_a_long_stderr_keeps_the_failure_at_its_end() -> None:
+    """Hundreds of warnings (one per missing PV or LV) must not cut the line LVM failed with."""
+    noise = "  WARNING: Couldn't find device with uuid IhvRWr-pziW-G2wL-VURF.\n" * 200
+    err = error(5, noise + "  Cannot change VG vg2 while PVs are missing.\n")
+    assert "...(truncated)..." in err.stderr and len(err.stderr) < 4100
+    assert err.stderr.endswith("Cannot change VG vg2 while PVs are missing.")
+    assert err.missing_pv
+
+
 def test_a_missing_pv_warning_on_another_failure_gets_no_hint() -> None:
     """LVM warns of a missing PV on every command while one is gone; a command that failed for
     another reason must not send the operator after the PV."""

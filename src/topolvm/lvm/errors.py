@@ -40,7 +40,9 @@ class LvmError(Exception):
         self.returncode = returncode
         self.stderr = stderr.strip()
         if len(self.stderr) > _STDERR_LIMIT:
-            self.stderr = self.stderr[:_STDERR_LIMIT] + "...(truncated)"
+            # LVM's warnings come first and the reason it failed last: keep both ends
+            half = _STDERR_LIMIT // 2
+            self.stderr = f"{self.stderr[:half]}...(truncated)...{self.stderr[-half:]}"
         self.reason = reason or f"exit status {returncode}"
         # before LVM's words, which may be long: an event's message may be cut at its end
         hint = f" ({MISSING_PV_HINT})" if self.missing_pv else ""
