@@ -13,7 +13,7 @@ from lightkube import AsyncClient
 from lightkube.resources.storage_v1 import CSIDriver
 
 from topolvm.constants import Names
-from topolvm.k8s import api
+from topolvm.k8s import api, errors
 from topolvm.proto import csi_pb2 as csi
 from topolvm.proto import csi_pb2_grpc as csi_grpc
 from topolvm.version import version
@@ -25,6 +25,7 @@ Check = Callable[[], Awaitable[None]]
 
 DEFAULT_INTERVAL = 60.0
 CHECK_TIMEOUT = 10.0
+RETRY_FIRST, RETRY_MAX = 0.2, 2.0  # seconds between tries of a check failing transiently
 
 
 class ReadinessChecker:
@@ -46,13 +47,21 @@ class ReadinessChecker:
         self.ready = False
         self.error: Exception | None = None
         self._task: asyncio.Task[None] | None = None
+        self._last_transient = ""
 
     async def check_once(self) -> None:
+        """One round: every check in order. A transient API error (throttling, a 5xx, a reset
+        connection) is retried within the round's ``timeout``, so one 429 does not turn the
+        plugin unhealthy until the next round; any other error fails the round at once."""
         try:
-            for check in self.checks:
-                await asyncio.wait_for(check(), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                for check in self.checks:
+                    await self._until_not_transient(check)
         except TimeoutError:
-            self.error = TimeoutError(f"readiness check timed out after {self.timeout}s")
+            self.error = TimeoutError(
+                f"readiness check timed out after {self.timeout}s"
+                + (f" (last error: {self._last_transient})" if self._last_transient else "")
+            )
         except Exception as e:
             self.error = e
         else:
@@ -61,6 +70,21 @@ class ReadinessChecker:
             self.ready, self.error = True, None
             return
         log.warning(f"readiness check failed: {self.error}")
+
+    async def _until_not_transient(self, check: Check) -> None:
+        self._last_transient = ""
+        delay = RETRY_FIRST
+        while True:
+            try:
+                await check()
+                return
+            except Exception as e:
+                if not errors.is_transient(e):
+                    raise
+                self._last_transient = errors.describe(e)
+                log.info(f"readiness check: {self._last_transient}; retrying in {delay}s")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX)
 
     def status(self) -> tuple[bool, str]:
         """(ready, why), as ``Probe`` answers: the latest round's error, not ready before the
