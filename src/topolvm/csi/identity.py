@@ -50,12 +50,13 @@ class ReadinessChecker:
         self._last_transient = ""
 
     async def check_once(self) -> None:
-        """One round: every check in order. A transient API error (throttling, a 5xx, a reset
-        connection) is retried within the round's ``timeout``, so one 429 does not turn the
-        plugin unhealthy until the next round; any other error fails the round at once."""
+        """One round: every check in order, each within ``timeout``. A transient API error
+        (throttling, a 5xx, a reset connection) is retried within that time, so one 429 does
+        not turn the plugin unhealthy until the next round; any other error fails the round at
+        once."""
         try:
-            async with asyncio.timeout(self.timeout):
-                for check in self.checks:
+            for check in self.checks:
+                async with asyncio.timeout(self.timeout):
                     await self._until_not_transient(check)
         except TimeoutError:
             self.error = TimeoutError(
