@@ -68,7 +68,8 @@ async def test_abort_streams_and_a_graceful_stop(tmp_path: Path) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.GetFreeBytes(pb.GetFreeBytesRequest(device_class="missing"))
         assert (err.value.code(), err.value.details()) == (
-            grpc.StatusCode.NOT_FOUND, "device class missing not found"
+            grpc.StatusCode.NOT_FOUND,
+            "device class missing not found",
         )
         assert [m.free_bytes async for m in stub.Watch(pb.Empty())] == [0, 1, 2]
         call = asyncio.ensure_future(stub.GetFreeBytes(pb.GetFreeBytesRequest(device_class="x")))

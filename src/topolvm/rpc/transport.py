@@ -15,18 +15,22 @@ import asyncio
 import contextlib
 import logging
 import os
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from google.protobuf import message_factory
 from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
+from google.protobuf.message import Message
+from grpclib.client import Channel
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError
+from grpclib.protocol import H2Protocol
 from grpclib.server import Server, Stream
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Context", "GRPCError", "Service", "Status", "UnixServer"]
+__all__ = ["Context", "GRPCError", "Service", "Status", "UnixClient", "UnixServer"]
 
 
 class Context:
@@ -36,11 +40,9 @@ class Context:
         self._stream = stream
         self._cancelled = False
 
-    async def abort(self, code: Any, details: str = "") -> NoReturn:
-        """End the call with ``code`` and ``details``; raises. ``code``: a grpclib ``Status``,
-        or (while the product still names them so) a grpcio ``StatusCode``."""
-        status = code if isinstance(code, Status) else Status(code.value[0])
-        raise GRPCError(status, details)
+    async def abort(self, code: Status, details: str = "") -> NoReturn:
+        """End the call with ``code`` and ``details``; raises."""
+        raise GRPCError(code, details)
 
     def cancelled(self) -> bool:
         return self._cancelled
@@ -111,12 +113,34 @@ def _cardinality(m: MethodDescriptor) -> Cardinality:
     return Cardinality.UNARY_UNARY
 
 
+class _Server(Server):
+    """grpclib's server, remembering its connections: its ``close`` ends the calls but leaves
+    the connections open (a client could still start calls on one), so :meth:`close_clients`
+    closes them, as Python 3.12's ``asyncio.Server.close_clients`` would. Pinned grpclib
+    (<0.5): ``_protocol_factory`` and the protocol's ``processor`` are its internals."""
+
+    def __init__(self, handlers: Sequence[Service]) -> None:
+        super().__init__(handlers)
+        self._protocols: weakref.WeakSet[H2Protocol] = weakref.WeakSet()
+
+    def _protocol_factory(self) -> H2Protocol:
+        protocol = super()._protocol_factory()
+        self._protocols.add(protocol)
+        return protocol
+
+    def close_clients(self) -> None:
+        for protocol in list(self._protocols):
+            processor = getattr(protocol, "processor", None)
+            if processor is not None:
+                processor.close("server stopped")
+
+
 class UnixServer:
     """A grpclib server on a UNIX socket; :meth:`stop` lets calls in flight finish."""
 
     def __init__(self, services: Sequence[Service]) -> None:
         self.services = list(services)
-        self._server = Server(self.services)
+        self._server = _Server(self.services)
 
     async def start(self, path: str) -> None:
         await self._server.start(path=path)
@@ -134,3 +158,58 @@ class UnixServer:
                 log.warning("gRPC calls still running after the grace period; ending them")
         self._server.close()
         await self._server.wait_closed()
+        self._server.close_clients()
+
+
+class UnixClient:
+    """Calls to a server on ``unix:<path>``. It connects on the first call and again after the
+    server went away, at once (the server is local: no backoff); a failed connection is
+    UNAVAILABLE, as grpcio says."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._channel = Channel(path=path)
+
+    def _name(self, service: ServiceDescriptor, method: str) -> tuple[str, type[Message]]:
+        m = service.methods_by_name[method]
+        return f"/{service.full_name}/{method}", message_factory.GetMessageClass(m.output_type)
+
+    def _unavailable(self, e: OSError) -> GRPCError:
+        return GRPCError(Status.UNAVAILABLE, f"failed to connect to unix:{self.path}: {e}")
+
+    async def unary(
+        self,
+        service: ServiceDescriptor,
+        method: str,
+        request: Message,
+        timeout: float | None = None,
+    ) -> Any:
+        name, reply = self._name(service, method)
+        try:
+            async with self._channel.request(
+                name, Cardinality.UNARY_UNARY, type(request), reply, timeout=timeout
+            ) as call:
+                await call.send_message(request, end=True)
+                answer = await call.recv_message()
+        except OSError as e:
+            raise self._unavailable(e) from e
+        if answer is None:
+            raise GRPCError(Status.INTERNAL, f"{name}: no reply")
+        return answer
+
+    async def stream(
+        self, service: ServiceDescriptor, method: str, request: Message
+    ) -> AsyncIterator[Any]:
+        name, reply = self._name(service, method)
+        try:
+            async with self._channel.request(
+                name, Cardinality.UNARY_STREAM, type(request), reply
+            ) as call:
+                await call.send_message(request, end=True)
+                async for answer in call:
+                    yield answer
+        except OSError as e:
+            raise self._unavailable(e) from e
+
+    def close(self) -> None:
+        self._channel.close()
