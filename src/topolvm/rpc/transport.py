@@ -34,23 +34,14 @@ __all__ = ["Context", "GRPCError", "Service", "Status", "UnixClient", "UnixServe
 
 
 class Context:
-    """What a servicer sees of its call."""
+    """What a servicer sees of its call: ``abort`` ends it with a status."""
 
     def __init__(self, stream: Stream[Any, Any]) -> None:
         self._stream = stream
-        self._cancelled = False
 
     async def abort(self, code: Status, details: str = "") -> NoReturn:
         """End the call with ``code`` and ``details``; raises."""
         raise GRPCError(code, details)
-
-    def cancelled(self) -> bool:
-        return self._cancelled
-
-    def deadline(self) -> float | None:
-        """Seconds left before the client's deadline, None without one."""
-        d = self._stream.deadline
-        return None if d is None else d.time_remaining()
 
 
 class Service:
