@@ -87,9 +87,13 @@ cryptography==50.0.2
 frozenlist==1.8.0
 grpcio==1.85.1
 grpcio-health-checking==1.85.1
+grpclib==0.4.9
 h11==0.16.0
+h2==4.4.1
+hpack==4.2.0
 httpcore2==2.16.2
 httpx2==2.16.2
+hyperframe==6.1.0
 idna==3.20
 jsonpatch==1.47
 jsonpointer==3.12

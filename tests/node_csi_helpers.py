@@ -25,6 +25,7 @@ from topolvm.proto import csi_pb2 as csi
 from topolvm.proto import csi_pb2_grpc as csi_grpc
 from topolvm.proto import lvmd_pb2 as lvmd_pb
 from topolvm.rpc.server import start_unix_server, stop_unix_server
+from topolvm.rpc.transport import Service, UnixServer
 
 MiB = 1 << 20
 THICK = {"name": "ssd", "volume-group": "vg1", "default": True, "spare-gb": 0}
@@ -40,14 +41,11 @@ SNW = csi.VolumeCapability.AccessMode.SINGLE_NODE_WRITER
 Code = grpc.StatusCode
 
 
-async def start_csi_server(
-    sock: str, identity: csi_grpc.IdentityServicer, node: csi_grpc.NodeServicer
-) -> grpc.aio.Server:
-    def register(server: grpc.aio.Server) -> None:
-        csi_grpc.add_IdentityServicer_to_server(identity, server)
-        csi_grpc.add_NodeServicer_to_server(node, server)
-
-    return await start_unix_server(sock, register)
+async def start_csi_server(sock: str, identity: object, node: object) -> UnixServer:
+    services = csi.DESCRIPTOR.services_by_name
+    return await start_unix_server(
+        sock, [Service(services["Identity"], identity), Service(services["Node"], node)]
+    )
 
 
 class DictLookup:
@@ -68,11 +66,11 @@ class Env:
     socket: str
     service: NodeService
     identity: IdentityService
-    server: grpc.aio.Server
+    server: UnixServer
     channel: grpc.aio.Channel
     node: csi_grpc.NodeAsyncStub
     ident: csi_grpc.IdentityAsyncStub
-    servers: list[tuple[grpc.aio.Server, str]] = field(default_factory=list)
+    servers: list[tuple[UnixServer, str]] = field(default_factory=list)
 
     async def create(self, name: str, size: int, dc: str = "ssd") -> lvmd_pb.LogicalVolume:
         resp = await self.lvmd.create_lv(
@@ -173,7 +171,7 @@ def unmount_all_under(root: Path) -> None:
 
 async def start_node(
     tmp: Path, lvmd: SocketLvmd, volumes: DictLookup, sock: str, nm: Names | None = None
-) -> tuple[NodeService, IdentityService, grpc.aio.Server]:
+) -> tuple[NodeService, IdentityService, UnixServer]:
     nm = nm or names(False)
     service = NodeService("node-1", nm, lvmd, volumes)
     identity = IdentityService(nm)

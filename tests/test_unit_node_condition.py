@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
 import pytest
 
 from topolvm.node import condition as c
@@ -14,6 +13,7 @@ from topolvm.node.mounter import parse_mountinfo, unescape
 from topolvm.proto import csi_pb2 as csi
 from topolvm.rpc.locks import KeyedLocks
 from topolvm.rpc.status import StatusError
+from topolvm.rpc.transport import Status
 
 
 def attr(vol_type: str = "-", state: str = "a", open_: str = "o", health: str = "-") -> str:
@@ -151,7 +151,7 @@ def test_mount_options_order() -> None:
     ]
     with pytest.raises(StatusError) as e:
         mount_options(True, csi.VolumeCapability.MountVolume(mount_flags=["rw"]), "ext4")
-    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.code == Status.INVALID_ARGUMENT
 
 
 async def test_volume_locks_serialise_one_volume_only() -> None:

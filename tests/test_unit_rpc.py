@@ -21,9 +21,13 @@ from topolvm.proto import lvmd_pb2 as pb
 from topolvm.proto import lvmd_pb2_grpc as pb_grpc
 from topolvm.rpc import status
 from topolvm.rpc.server import start_unix_server, stop_unix_server
+from topolvm.rpc.transport import Service
+
+VG = pb.DESCRIPTOR.services_by_name["VGService"]
+CONTROLLER = csi.DESCRIPTOR.services_by_name["Controller"]
 
 
-class Stream(pb_grpc.VGServiceServicer):
+class Stream:
     """A Watch that sends ``count`` messages, then fails with an LVM error if ``fail``."""
 
     def __init__(self, registry: CollectorRegistry, count: int, fail: bool) -> None:
@@ -42,7 +46,7 @@ def rpc(fn: Any) -> Any:
     return status.rpc("csi.v1.Controller", lambda r: {})(fn)
 
 
-class Unoffered(csi_grpc.ControllerServicer):
+class Unoffered:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.grpc_metrics = status.GrpcMetrics(registry)
 
@@ -59,11 +63,9 @@ async def test_a_stream_is_logged_and_counted_by_its_name(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, fail: bool
 ) -> None:
     registry = CollectorRegistry()
-    servicer = Stream(registry, 3, fail)  # type: ignore[abstract]  # only Watch is called
+    servicer = Stream(registry, 3, fail)
     path = str(tmp_path / "s.sock")
-    server = await start_unix_server(
-        path, lambda s: pb_grpc.add_VGServiceServicer_to_server(servicer, s)
-    )
+    server = await start_unix_server(path, [Service(VG, servicer)])
     try:
         async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
             got: list[int] = []
@@ -87,11 +89,9 @@ async def test_a_stream_is_logged_and_counted_by_its_name(
 
 async def test_unimplemented_methods_are_counted_by_their_own_names(tmp_path: Path) -> None:
     registry = CollectorRegistry()
-    servicer = Unoffered(registry)  # type: ignore[abstract]  # only ListVolumes is called
+    servicer = Unoffered(registry)
     path = str(tmp_path / "c.sock")
-    server = await start_unix_server(
-        path, lambda s: csi_grpc.add_ControllerServicer_to_server(servicer, s)
-    )
+    server = await start_unix_server(path, [Service(CONTROLLER, servicer)])
     try:
         async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
             with pytest.raises(grpc.aio.AioRpcError) as e:

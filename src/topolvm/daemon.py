@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, Protocol
 
-import grpc
 from prometheus_client import CollectorRegistry
 
 from topolvm.gethttp import Answer, GetServer, Route
 from topolvm.metrics import exposition
 from topolvm.process import bounded, until_terminated
-from topolvm.rpc.server import Register, SocketError, start_unix_server, stop_unix_server
+from topolvm.rpc.server import SocketError, start_unix_server, stop_unix_server
+from topolvm.rpc.transport import Service, UnixServer
 
 log = logging.getLogger(__name__)
 
@@ -100,12 +100,17 @@ class Parts:
 
 
 async def serve_grpc(
-    parts: Parts, path: str, register: Register, *, mode: int | None = None, grace: float = 10.0
-) -> grpc.aio.Server:
-    """Serve what ``register`` adds on the UNIX socket ``path`` until stop, which gives
-    in-flight calls ``grace`` seconds and removes the socket."""
+    parts: Parts,
+    path: str,
+    services: Sequence[Service],
+    *,
+    mode: int | None = None,
+    grace: float = 10.0,
+) -> UnixServer:
+    """Serve ``services`` on the UNIX socket ``path`` until stop, which gives in-flight calls
+    ``grace`` seconds and removes the socket."""
     try:
-        server = await start_unix_server(path, register, mode=mode)
+        server = await start_unix_server(path, services, mode=mode)
     except SocketError as e:
         raise StartupError(str(e)) from e
     # in-flight calls get their whole grace; the step's bound only catches a stop that hangs

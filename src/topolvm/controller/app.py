@@ -9,7 +9,6 @@ import socket
 import uuid
 from collections.abc import Mapping
 
-import grpc
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node
 from prometheus_client import CollectorRegistry
@@ -27,8 +26,9 @@ from topolvm.k8s import errors as kube
 from topolvm.k8s.leader import LeaderElector, LeadershipLost
 from topolvm.k8s.lvstore import LogicalVolumeStore
 from topolvm.k8s.runtime import Informer
-from topolvm.proto import csi_pb2_grpc as csi_grpc
+from topolvm.proto import csi_pb2 as csi
 from topolvm.rpc.status import GrpcMetrics
+from topolvm.rpc.transport import Service
 
 log = logging.getLogger("topolvm.controller")
 
@@ -126,18 +126,16 @@ class TopolvmController:
         self.parts.spawn(self.node_informer.run(), "node-informer")
         await self.identity.start()
         self.parts.on_stop("readiness checker", self.identity.stop)
-        identity, service = self.identity, self.service
-
-        def register(server: grpc.aio.Server) -> None:
-            csi_grpc.add_IdentityServicer_to_server(identity, server)
-            csi_grpc.add_ControllerServicer_to_server(service, server)
+        services = csi.DESCRIPTOR.services_by_name
+        served = [Service(services["Identity"], self.identity),
+                  Service(services["Controller"], self.service)]  # fmt: skip
 
         # Listeners in this order so that stop (last first) runs: readiness false, the CSI
         # server, the webhook, metrics, then health (kubelet's probes answer until the end).
         await serve_metrics(self.parts, self.registry, self.options.metrics_address)
         if self.options.webhook_address is not None:  # every replica serves the pod webhook
             await start_webhook(self.parts, self.options, self.client, self.names, self.metrics)
-        await serve_grpc(self.parts, self.options.csi_socket, register)
+        await serve_grpc(self.parts, self.options.csi_socket, served)
         self._serving = True
         self.parts.on_stop("readiness", self._not_serving)
         self.parts.spawn(self._lead(), "leader-election")

@@ -14,8 +14,6 @@ import asyncio
 import logging
 from typing import Any
 
-import grpc
-
 from topolvm import capacity_annotations
 from topolvm.constants import Names
 from topolvm.controller.ledger import CapacityLedger, NodeView
@@ -38,13 +36,13 @@ from topolvm.k8s.lvstore import (
     VolumeRequest,
 )
 from topolvm.proto import csi_pb2 as csi
-from topolvm.proto import csi_pb2_grpc as csi_grpc
 from topolvm.rpc import status
 from topolvm.rpc.locks import KeyedLocks
+from topolvm.rpc.transport import Context
 
 log = logging.getLogger(__name__)
 
-Ctx = grpc.aio.ServicerContext[Any, Any]
+Ctx = Context
 RpcCap = csi.ControllerServiceCapability.RPC
 CAPABILITIES = (RpcCap.CREATE_DELETE_VOLUME, RpcCap.CLONE_VOLUME, RpcCap.GET_CAPACITY,
                 RpcCap.EXPAND_VOLUME, RpcCap.CREATE_DELETE_SNAPSHOT)  # fmt: skip
@@ -82,7 +80,7 @@ def _capacity_range(request: Any) -> tuple[int, int]:
     return request.capacity_range.required_bytes, request.capacity_range.limit_bytes
 
 
-class ControllerService(csi_grpc.ControllerServicer):
+class ControllerService:
     grpc_metrics: status.GrpcMetrics | None = None
 
     def __init__(

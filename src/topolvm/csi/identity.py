@@ -6,16 +6,15 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 
-import grpc
+from grpclib.const import Status
 from lightkube import AsyncClient
 from lightkube.resources.storage_v1 import CSIDriver
 
 from topolvm.constants import Names
 from topolvm.k8s import api, errors
 from topolvm.proto import csi_pb2 as csi
-from topolvm.proto import csi_pb2_grpc as csi_grpc
+from topolvm.rpc.transport import Context
 from topolvm.version import version
 
 log = logging.getLogger(__name__)
@@ -113,7 +112,7 @@ class ReadinessChecker:
                 await task
 
 
-class IdentityService(csi_grpc.IdentityServicer):
+class IdentityService:
     grpc_metrics: object = None  # a rpc.status.GrpcMetrics to count calls in
 
     def __init__(
@@ -135,14 +134,14 @@ class IdentityService(csi_grpc.IdentityServicer):
         await self.checker.stop()
 
     async def GetPluginInfo(
-        self, request: csi.GetPluginInfoRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: csi.GetPluginInfoRequest, context: Context
     ) -> csi.GetPluginInfoResponse:
         return csi.GetPluginInfoResponse(name=self.names.plugin, vendor_version=self.version)
 
     async def GetPluginCapabilities(
         self,
         request: csi.GetPluginCapabilitiesRequest,
-        context: grpc.aio.ServicerContext[Any, Any],
+        context: Context,
     ) -> csi.GetPluginCapabilitiesResponse:
         cap = csi.PluginCapability
         return csi.GetPluginCapabilitiesResponse(
@@ -154,12 +153,10 @@ class IdentityService(csi_grpc.IdentityServicer):
             ]
         )
 
-    async def Probe(
-        self, request: csi.ProbeRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> csi.ProbeResponse:
+    async def Probe(self, request: csi.ProbeRequest, context: Context) -> csi.ProbeResponse:
         ready, why = self.checker.status()
         if self.checker.error is not None:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
+            await context.abort(Status.FAILED_PRECONDITION, why)
         resp = csi.ProbeResponse()
         resp.ready.value = ready
         return resp

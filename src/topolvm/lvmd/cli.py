@@ -6,8 +6,6 @@ import argparse
 import asyncio
 import logging
 
-import grpc
-
 from topolvm import daemon
 from topolvm.cliargs import bind_address, positive_seconds
 from topolvm.config.errors import ConfigError
@@ -16,6 +14,7 @@ from topolvm.lvm.command import DEFAULT_PREFIX
 from topolvm.lvm.errors import LvmError
 from topolvm.lvmd.server import Options, health_check, serve
 from topolvm.lvmd.state import DEFAULT_REFRESH_INTERVAL
+from topolvm.rpc.transport import GRPCError
 
 log = logging.getLogger("topolvm.lvmd")
 DEFAULT_CONFIG = "/etc/topolvm/lvmd.yaml"
@@ -99,8 +98,8 @@ def run_health(args: argparse.Namespace) -> int:
     config = load(args)
     try:
         status = asyncio.run(health_check(config.socket_name))
-    except grpc.aio.AioRpcError as e:
-        log.error(f"lvmd does not working: {e.code().name}: {e.details()}")
+    except GRPCError as e:
+        log.error(f"lvmd does not working: {e.status.name}: {e.message}")
         return 1
     if status != "SERVING":
         log.error(f"lvmd does not working: {status}")

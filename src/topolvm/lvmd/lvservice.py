@@ -8,9 +8,8 @@ import os
 import stat
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-import grpc
+from grpclib.const import Status
 
 from topolvm.config.lvmd import DeviceClass, LvmdConfig
 from topolvm.constants import SIZE_ALIGNMENT
@@ -30,8 +29,8 @@ from topolvm.lvmd.service import resolve, rpc_of, to_pb
 from topolvm.lvmd.state import LvmState
 from topolvm.lvmd.thin_repair import inactive_thin, lost_thin, run_on_pool
 from topolvm.proto import lvmd_pb2 as pb
-from topolvm.proto import lvmd_pb2_grpc as pb_grpc
 from topolvm.rpc import status
+from topolvm.rpc.transport import Context
 
 log = logging.getLogger(__name__)
 rpc = rpc_of("proto.LVService")
@@ -56,7 +55,7 @@ def _block_device(path: str) -> tuple[int, int, int] | None:
     return major, minor, sectors * 512
 
 
-class LVService(pb_grpc.LVServiceServicer):
+class LVService:
     """``proto.LVService`` over the node's :class:`~topolvm.lvmd.state.LvmState`."""
 
     def __init__(self, config: LvmdConfig, state: LvmState):
@@ -91,9 +90,7 @@ class LVService(pb_grpc.LVServiceServicer):
         return max(1, pool.vg.extent_size) * max(1, stripes)
 
     @rpc
-    async def CreateLV(
-        self, request: pb.CreateLVRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.CreateLVResponse:
+    async def CreateLV(self, request: pb.CreateLVRequest, context: Context) -> pb.CreateLVResponse:
         dc = resolve(self.config, request.device_class)
         name = validate.lv_name(request.name)
         tags = [validate.tag(t) for t in request.tags]
@@ -224,9 +221,7 @@ class LVService(pb_grpc.LVServiceServicer):
         return argv
 
     @rpc
-    async def RemoveLV(
-        self, request: pb.RemoveLVRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.Empty:
+    async def RemoveLV(self, request: pb.RemoveLVRequest, context: Context) -> pb.Empty:
         dc = resolve(self.config, request.device_class)
         name = validate.lv_name(request.name)
         async with self.state.lock:
@@ -250,7 +245,7 @@ class LVService(pb_grpc.LVServiceServicer):
             except LvmError as e:
                 if e.not_found:
                     raise status.NotFound(f"logical volume {vg.name}/{name} not found") from e
-                raise status.StatusError(code=grpc.StatusCode.UNKNOWN, message=str(e)) from e
+                raise status.StatusError(code=Status.UNKNOWN, message=str(e)) from e
             updated = without_lv(report, vg.name, name)
             if lv is not None and not lv.pool_lv:
                 updated = with_vg_free(updated, vg.name, vg.free + lv.size)
@@ -259,9 +254,7 @@ class LVService(pb_grpc.LVServiceServicer):
         return pb.Empty()
 
     @rpc
-    async def ResizeLV(
-        self, request: pb.ResizeLVRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> pb.ResizeLVResponse:
+    async def ResizeLV(self, request: pb.ResizeLVRequest, context: Context) -> pb.ResizeLVResponse:
         dc = resolve(self.config, request.device_class)
         name = validate.lv_name(request.name)
         if request.size_bytes < 0:
@@ -309,7 +302,7 @@ class LVService(pb_grpc.LVServiceServicer):
 
     @rpc
     async def CreateLVSnapshot(
-        self, request: pb.CreateLVSnapshotRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: pb.CreateLVSnapshotRequest, context: Context
     ) -> pb.CreateLVSnapshotResponse:
         dc = resolve(self.config, request.device_class)
         if not dc.is_thin:

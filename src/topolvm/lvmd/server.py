@@ -5,10 +5,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import grpc
 import prometheus_client
-from grpc_health.v1 import _async as health_async
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from topolvm import daemon
 from topolvm.config.lvmd import LvmdConfig
@@ -20,7 +18,9 @@ from topolvm.lvmd.devices import DeviceEvents
 from topolvm.lvmd.lvservice import LVService
 from topolvm.lvmd.state import DEFAULT_REFRESH_INTERVAL, LvmState
 from topolvm.lvmd.vgservice import VGService
-from topolvm.proto import lvmd_pb2_grpc as pb_grpc
+from topolvm.proto import lvmd_pb2 as pb
+from topolvm.rpc.health import SERVING, Health
+from topolvm.rpc.transport import Service, UnixClient
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class LvmdServer:
         self.state = LvmState(self.runner)
         self.lv = LVService(config, self.state)
         self.vg = VGService(config, self.state)
-        self.health = health_async.HealthServicer()
+        self.health = Health()
         self.parts = parts if parts is not None else Parts("lvmd")
         self.device_events: DeviceEvents | None = None
 
@@ -94,20 +94,16 @@ class LvmdServer:
     async def start(self) -> None:
         await self.open()
         path = self.config.socket_name
-        lv, vg, health = self.lv, self.vg, self.health
-
-        def register(server: grpc.aio.Server) -> None:
-            pb_grpc.add_LVServiceServicer_to_server(lv, server)
-            pb_grpc.add_VGServiceServicer_to_server(vg, server)
-            health_pb2_grpc.add_HealthServicer_to_server(health, server)
-
+        services = pb.DESCRIPTOR.services_by_name
+        served = [Service(services["LVService"], self.lv), Service(services["VGService"], self.vg),
+                  self.health.service()]  # fmt: skip
         # the socket is 0600 from its creation: only root may drive LVM; in-flight RPCs (and
         # their LVM commands) get SHUTDOWN_GRACE seconds at stop
-        await serve_grpc(self.parts, path, register, mode=0o600, grace=SHUTDOWN_GRACE)
+        await serve_grpc(self.parts, path, served, mode=0o600, grace=SHUTDOWN_GRACE)
         self.parts.on_stop("Watch streams", self.end_watches)
         await serve_metrics(self.parts, prometheus_client.REGISTRY, self.options.metrics_address)
         self.parts.on_stop("health", self.health.enter_graceful_shutdown)
-        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self.health.set("", SERVING)
         classes = [dc.name for dc in self.config.device_classes]
         log.info("lvmd started", extra={"socket": path, "device_classes": classes})
 
@@ -123,7 +119,12 @@ async def serve(config: LvmdConfig, options: Options | None = None) -> None:
 
 async def health_check(socket_name: str, timeout: float = 10.0) -> str:
     """Ask a running lvmd for its health; returns the serving status name."""
-    async with grpc.aio.insecure_channel(f"unix:{socket_name}") as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        resp = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
+    client = UnixClient(socket_name)
+    try:
+        resp = await client.unary(
+            health_pb2.DESCRIPTOR.services_by_name["Health"], "Check",
+            health_pb2.HealthCheckRequest(service=""), timeout,
+        )  # fmt: skip
+    finally:
+        client.close()
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))

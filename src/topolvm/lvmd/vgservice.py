@@ -4,9 +4,6 @@ Watch stream of capacity changes."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
-
-import grpc
 
 from topolvm.config.lvmd import LvmdConfig
 from topolvm.lvm.report import Report
@@ -14,8 +11,8 @@ from topolvm.lvmd.capacity import capacity, find_pool
 from topolvm.lvmd.service import resolve, rpc_of, to_pb, translate
 from topolvm.lvmd.state import LvmState
 from topolvm.proto import lvmd_pb2 as pb
-from topolvm.proto import lvmd_pb2_grpc as pb_grpc
 from topolvm.rpc import status
+from topolvm.rpc.transport import Context
 
 # A Watch report follows a change once lvmd has been idle for WATCH_QUIET seconds, and at the
 # latest WATCH_LIMIT seconds after it, even while changes keep coming.
@@ -25,7 +22,7 @@ WATCH_LIMIT = 3.0
 rpc = rpc_of("proto.VGService")
 
 
-class VGService(pb_grpc.VGServiceServicer):
+class VGService:
     """``proto.VGService`` over the node's :class:`~topolvm.lvmd.state.LvmState`."""
 
     def __init__(self, config: LvmdConfig, state: LvmState):
@@ -34,7 +31,7 @@ class VGService(pb_grpc.VGServiceServicer):
 
     @rpc
     async def GetLVList(
-        self, request: pb.GetLVListRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: pb.GetLVListRequest, context: Context
     ) -> pb.GetLVListResponse:
         dc = resolve(self.config, request.device_class)
         report = await self.state.fresh()
@@ -43,7 +40,7 @@ class VGService(pb_grpc.VGServiceServicer):
 
     @rpc
     async def GetFreeBytes(
-        self, request: pb.GetFreeBytesRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: pb.GetFreeBytesRequest, context: Context
     ) -> pb.GetFreeBytesResponse:
         dc = resolve(self.config, request.device_class)
         report = await self.state.fresh()
@@ -67,9 +64,7 @@ class VGService(pb_grpc.VGServiceServicer):
         return msg
 
     @status.stream_rpc("proto.VGService", translate)
-    async def Watch(
-        self, request: pb.Empty, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[pb.WatchResponse]:
+    async def Watch(self, request: pb.Empty, context: Context) -> AsyncIterator[pb.WatchResponse]:
         """Initial message, then one after every change (bursts coalesce) until shutdown;
         an LVM failure ends the stream with INTERNAL."""
         queue = self.state.subscribe()

@@ -6,7 +6,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-import grpc
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node
 from prometheus_client import CollectorRegistry
@@ -28,8 +27,9 @@ from topolvm.node.lvmd_client import EmbeddedLvmd, LvmdClient, SocketLvmd
 from topolvm.node.reconciler import LogicalVolumeReconciler
 from topolvm.node.registration import Registration, serve_registration
 from topolvm.process import bounded
-from topolvm.proto import csi_pb2_grpc as csi_grpc
+from topolvm.proto import csi_pb2 as csi
 from topolvm.rpc.status import GrpcMetrics
+from topolvm.rpc.transport import Service
 
 log = logging.getLogger("topolvm.node")
 
@@ -147,13 +147,11 @@ async def serve_listeners(
     await identity.start()
     parts.on_stop("readiness checker", identity.stop)
 
-    def register(server: grpc.aio.Server) -> None:
-        csi_grpc.add_IdentityServicer_to_server(identity, server)
-        csi_grpc.add_NodeServicer_to_server(node_service, server)
-
+    services = csi.DESCRIPTOR.services_by_name
+    served = [Service(services["Identity"], identity), Service(services["Node"], node_service)]
     await serve_health(parts, options.health_address, {"/healthz": identity.checker.status})
     await serve_metrics(parts, registry, options.metrics_address)
-    await serve_grpc(parts, options.csi_socket, register)
+    await serve_grpc(parts, options.csi_socket, served)
     if options.registration is not None:
         await serve_registration(
             parts, options.registration, options.csi_socket, node_service.grpc_metrics

@@ -15,8 +15,6 @@ import stat
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
-import grpc
-
 from topolvm.constants import Names
 from topolvm.csi.mountflags import check_path
 from topolvm.node import mounter
@@ -29,10 +27,10 @@ from topolvm.node.csirequests import (
 )
 from topolvm.node.lvmd_client import LvmdCallError, LvmdClient
 from topolvm.proto import csi_pb2 as csi
-from topolvm.proto import csi_pb2_grpc as csi_grpc
 from topolvm.proto import lvmd_pb2 as lvmd_pb
 from topolvm.rpc import status
 from topolvm.rpc.locks import KeyedLocks
+from topolvm.rpc.transport import Context, Status
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +39,7 @@ MAX_STACKED_MOUNTS = 64  # unpublish gives up after this many unmounts of one ta
 DEFAULT_DEVICE_CLASS = ""
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
-Code = grpc.StatusCode
+Code = Status  # gRPC status codes
 AccessMode = csi.VolumeCapability.AccessMode
 
 
@@ -79,7 +77,7 @@ def rpc(fn: F) -> F:
     return status.rpc("csi.v1.Node", lambda r: status.fields_of(r, _LOGGED), _translate)(fn)
 
 
-class NodeService(csi_grpc.NodeServicer):
+class NodeService:
     grpc_metrics: status.GrpcMetrics | None = None
 
     def __init__(self, node_name: str, names: Names, lvmd: LvmdClient, volumes: VolumeLookup):
@@ -122,7 +120,7 @@ class NodeService(csi_grpc.NodeServicer):
 
     @rpc
     async def NodePublishVolume(
-        self, request: csi.NodePublishVolumeRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: csi.NodePublishVolumeRequest, context: Context
     ) -> csi.NodePublishVolumeResponse:
         volume_id, target = request.volume_id, request.target_path
         require(volume_id, "volume_id")
@@ -249,7 +247,7 @@ class NodeService(csi_grpc.NodeServicer):
 
     @rpc
     async def NodeUnpublishVolume(
-        self, request: csi.NodeUnpublishVolumeRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: csi.NodeUnpublishVolumeRequest, context: Context
     ) -> csi.NodeUnpublishVolumeResponse:
         volume_id, target = request.volume_id, request.target_path
         require(volume_id, "volume_id")
@@ -289,7 +287,7 @@ class NodeService(csi_grpc.NodeServicer):
 
     @rpc
     async def NodeGetVolumeStats(
-        self, request: csi.NodeGetVolumeStatsRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: csi.NodeGetVolumeStatsRequest, context: Context
     ) -> csi.NodeGetVolumeStatsResponse:
         volume_id, path = request.volume_id, request.volume_path
         require(volume_id, "volume_id")
@@ -346,7 +344,7 @@ class NodeService(csi_grpc.NodeServicer):
 
     @rpc
     async def NodeExpandVolume(
-        self, request: csi.NodeExpandVolumeRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: csi.NodeExpandVolumeRequest, context: Context
     ) -> csi.NodeExpandVolumeResponse:
         volume_id, path = request.volume_id, request.volume_path
         require(volume_id, "volume_id")
@@ -380,13 +378,13 @@ class NodeService(csi_grpc.NodeServicer):
 
     @rpc
     async def NodeStageVolume(
-        self, request: csi.NodeStageVolumeRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: csi.NodeStageVolumeRequest, context: Context
     ) -> csi.NodeStageVolumeResponse:
         raise status.Unimplemented("NodeStageVolume is not implemented")
 
     @rpc
     async def NodeUnstageVolume(
-        self, request: csi.NodeUnstageVolumeRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: csi.NodeUnstageVolumeRequest, context: Context
     ) -> csi.NodeUnstageVolumeResponse:
         raise status.Unimplemented("NodeUnstageVolume is not implemented")
 
@@ -394,7 +392,7 @@ class NodeService(csi_grpc.NodeServicer):
 
     @rpc
     async def NodeGetCapabilities(
-        self, request: csi.NodeGetCapabilitiesRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: csi.NodeGetCapabilitiesRequest, context: Context
     ) -> csi.NodeGetCapabilitiesResponse:
         rpc_cap = csi.NodeServiceCapability.RPC
         return csi.NodeGetCapabilitiesResponse(
@@ -406,7 +404,7 @@ class NodeService(csi_grpc.NodeServicer):
 
     @rpc
     async def NodeGetInfo(
-        self, request: csi.NodeGetInfoRequest, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: csi.NodeGetInfoRequest, context: Context
     ) -> csi.NodeGetInfoResponse:
         return csi.NodeGetInfoResponse(
             node_id=self.node_name,

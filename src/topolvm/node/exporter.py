@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import grpc
+from grpclib.const import Status
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node
 from prometheus_client import CollectorRegistry, Gauge
@@ -185,7 +185,7 @@ class CapacityExporter:
                     if not await self.publish(msg):
                         self.stopped.set()
                         return
-                raise LvmdCallError(grpc.StatusCode.UNAVAILABLE, "lvmd closed the Watch stream")
+                raise LvmdCallError(Status.UNAVAILABLE, "lvmd closed the Watch stream")
             except asyncio.CancelledError:
                 raise
             except Exception as e:

@@ -6,25 +6,22 @@ gRPC status code lvmd chose, so callers never care which mode is in use.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable
-from typing import Any, NoReturn, Protocol, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any, NoReturn, Protocol
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from topolvm.config.lvmd import LvmdConfig
 from topolvm.daemon import Parts
 from topolvm.lvmd.server import LvmdServer, Options
 from topolvm.proto import lvmd_pb2 as pb
-from topolvm.proto import lvmd_pb2_grpc as pb_grpc
-
-T = TypeVar("T")
+from topolvm.rpc.transport import GRPCError, Status, UnixClient
 
 
 class LvmdCallError(Exception):
     """An lvmd call failed; ``code`` is the gRPC status lvmd returned."""
 
-    def __init__(self, code: grpc.StatusCode, message: str):
+    def __init__(self, code: Status, message: str):
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message
@@ -46,85 +43,80 @@ class LvmdClient(Protocol):
     async def close(self) -> None: ...
 
 
-def _from_rpc_error(e: grpc.aio.AioRpcError) -> LvmdCallError:
-    return LvmdCallError(e.code(), e.details() or "")
+def _from_rpc_error(e: GRPCError) -> LvmdCallError:
+    return LvmdCallError(e.status, e.message or "")
 
 
-# lvmd is local: after it restarts, reconnect within a second. gRPC's default backoff grows to
-# 2 minutes, and every call in that time failed at once with "failed to connect" although lvmd
-# was back (found by the chaos campaign: NodePublishVolume failed for up to 2 minutes).
-RECONNECT = (
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-)
+_LV = pb.DESCRIPTOR.services_by_name["LVService"]
+_VG = pb.DESCRIPTOR.services_by_name["VGService"]
+_HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"]
 
 
 class SocketLvmd:
-    """lvmd reached over ``unix:<socket>`` (the chart's DaemonSet or a systemd unit)."""
+    """lvmd reached over ``unix:<socket>`` (the chart's DaemonSet or a systemd unit). After lvmd
+    restarts, the next call connects again at once (grpcio's backoff once left every call
+    failing for up to 2 minutes although lvmd was back: found by the chaos campaign)."""
 
     def __init__(self, socket_path: str, timeout: float = 120.0):
         self.socket_path = socket_path
         self.timeout = timeout
-        self._channel = grpc.aio.insecure_channel(f"unix:{socket_path}", options=RECONNECT)
-        self._lv = pb_grpc.LVServiceStub(self._channel)
-        self._vg = pb_grpc.VGServiceStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._client = UnixClient(socket_path)
 
-    @staticmethod
-    async def _call(call: Awaitable[T]) -> T:
+    async def _call(self, service: Any, method: str, request: Any, timeout: float) -> Any:
         try:
-            return await call
-        except grpc.aio.AioRpcError as e:
+            return await self._client.unary(service, method, request, timeout)
+        except GRPCError as e:
             raise _from_rpc_error(e) from None
 
     async def create_lv(self, request: pb.CreateLVRequest) -> pb.CreateLVResponse:
-        return await self._call(self._lv.CreateLV(request, timeout=self.timeout))
+        reply: pb.CreateLVResponse = await self._call(_LV, "CreateLV", request, self.timeout)
+        return reply
 
     async def remove_lv(self, request: pb.RemoveLVRequest) -> None:
-        await self._call(self._lv.RemoveLV(request, timeout=self.timeout))
+        await self._call(_LV, "RemoveLV", request, self.timeout)
 
     async def resize_lv(self, request: pb.ResizeLVRequest) -> pb.ResizeLVResponse:
-        return await self._call(self._lv.ResizeLV(request, timeout=self.timeout))
+        reply: pb.ResizeLVResponse = await self._call(_LV, "ResizeLV", request, self.timeout)
+        return reply
 
     async def create_lv_snapshot(
         self, request: pb.CreateLVSnapshotRequest
     ) -> pb.CreateLVSnapshotResponse:
-        return await self._call(self._lv.CreateLVSnapshot(request, timeout=self.timeout))
+        reply: pb.CreateLVSnapshotResponse = await self._call(
+            _LV, "CreateLVSnapshot", request, self.timeout
+        )
+        return reply
 
     async def get_lv_list(self, device_class: str) -> list[pb.LogicalVolume]:
         req = pb.GetLVListRequest(device_class=device_class)
-        return list((await self._call(self._vg.GetLVList(req, timeout=self.timeout))).volumes)
+        return list((await self._call(_VG, "GetLVList", req, self.timeout)).volumes)
 
     async def get_free_bytes(self, device_class: str) -> int:
         req = pb.GetFreeBytesRequest(device_class=device_class)
-        return int((await self._call(self._vg.GetFreeBytes(req, timeout=self.timeout))).free_bytes)
+        return int((await self._call(_VG, "GetFreeBytes", req, self.timeout)).free_bytes)
 
     async def watch(self) -> AsyncIterator[pb.WatchResponse]:
-        call = self._vg.Watch(pb.Empty())
         try:
-            async for msg in call:
+            async for msg in self._client.stream(_VG, "Watch", pb.Empty()):
                 yield msg
-        except grpc.aio.AioRpcError as e:
+        except GRPCError as e:
             raise _from_rpc_error(e) from None
-        finally:
-            call.cancel()
 
     async def check_health(self) -> None:
         req = health_pb2.HealthCheckRequest(service="")
-        resp = await self._call(self._health.Check(req, timeout=10))
+        resp = await self._call(_HEALTH, "Check", req, 10)
         if resp.status != health_pb2.HealthCheckResponse.SERVING:
             status = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
-            raise LvmdCallError(grpc.StatusCode.UNAVAILABLE, f"lvmd is not serving: {status}")
+            raise LvmdCallError(Status.UNAVAILABLE, f"lvmd is not serving: {status}")
 
     async def close(self) -> None:
-        await self._channel.close(None)
+        self._client.close()
 
 
 class _InProcessContext:
     """The part of a ServicerContext lvmd's servicer uses: ``abort`` ends the call."""
 
-    async def abort(self, code: grpc.StatusCode, details: str = "", *_: Any) -> NoReturn:
+    async def abort(self, code: Status, details: str = "", *_: Any) -> NoReturn:
         raise LvmdCallError(code, details)
 
     def cancelled(self) -> bool:

@@ -14,7 +14,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-import grpc
+from grpclib.const import Status
 from lightkube import AsyncClient
 
 from topolvm.constants import CREATED_BY_LABEL, Names
@@ -166,7 +166,7 @@ class LogicalVolumeReconciler:
             await self.lvmd.remove_lv(pb.RemoveLVRequest(name=lv.uid, device_class=lv.device_class))
             log.info("removed LV", extra={"lv": lv.name, "uid": lv.uid})
         except LvmdCallError as e:
-            if e.code != grpc.StatusCode.NOT_FOUND:
+            if e.code != Status.NOT_FOUND:
                 raise ReconcileError(f"failed to remove LV {lv.uid}: {e}") from e
             log.info("LV already removed", extra={"lv": lv.name, "uid": lv.uid})
         await api.set_finalizer(
@@ -193,7 +193,7 @@ class LogicalVolumeReconciler:
             # lvmd answers a retried create of the same LV with the LV itself; ALREADY_EXISTS
             # means it exists with another shape (created before a crash, then spec.size
             # grew): adopt it, and the expand path takes it from there.
-            existing = await self._find_lv(lv) if e.code == grpc.StatusCode.ALREADY_EXISTS else None
+            existing = await self._find_lv(lv) if e.code == Status.ALREADY_EXISTS else None
             if existing is not None:
                 log.info("adopting existing LV", extra={"lv": lv.name, "uid": lv.uid})
                 await self._set_status(lv.name, lv.uid, 0, "", existing.size_bytes)
@@ -217,7 +217,7 @@ class LogicalVolumeReconciler:
             raise ReconcileError(f"source LogicalVolume {lv.source!r} has no volume yet")
         if src.current_size is not None and lv.size < src.current_size:
             raise LvmdCallError(
-                grpc.StatusCode.OUT_OF_RANGE,
+                Status.OUT_OF_RANGE,
                 f"cannot create new LV, requested size {lv.size} is smaller than source LV size "
                 f"{src.current_size}",
             )
@@ -251,15 +251,13 @@ class LogicalVolumeReconciler:
         try:
             volumes = await self.lvmd.get_lv_list(lv.device_class)
         except LvmdCallError as e:
-            if e.code == grpc.StatusCode.NOT_FOUND:  # unknown device class: CreateLV reports it
+            if e.code == Status.NOT_FOUND:  # unknown device class: CreateLV reports it
                 return None
             raise ReconcileError(f"failed to list LVs: {e}") from e
         return next((v for v in volumes if v.name == lv.uid), None)
 
-    async def _set_failure(
-        self, lv: LogicalVolumeObject, code: grpc.StatusCode, message: str
-    ) -> None:
-        await self._set_status(lv.name, lv.volume_id, code.value[0], message, lv.current_size)
+    async def _set_failure(self, lv: LogicalVolumeObject, code: Status, message: str) -> None:
+        await self._set_status(lv.name, lv.volume_id, code.value, message, lv.current_size)
 
     async def _set_status(
         self, name: str, volume_id: str, code: int, message: str, current_size: int | None

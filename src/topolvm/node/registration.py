@@ -18,15 +18,12 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-
 from topolvm.constants import DEFAULT_REGISTRATION_DIR
 from topolvm.daemon import Parts, StartupError, serve_grpc
 from topolvm.proto import csi_pb2 as csi
-from topolvm.proto import csi_pb2_grpc as csi_grpc
 from topolvm.proto import pluginregistration_pb2 as reg
-from topolvm.proto import pluginregistration_pb2_grpc as reg_grpc
 from topolvm.rpc import status
+from topolvm.rpc.transport import Context, GRPCError, Service, UnixClient
 
 log = logging.getLogger("topolvm.node")
 
@@ -61,7 +58,7 @@ def _describe(request: Any) -> dict[str, Any]:
 _rpc = status.rpc("pluginregistration.Registration", _describe)
 
 
-class RegistrationService(reg_grpc.RegistrationServicer):
+class RegistrationService:
     """What the kubelet's plugin watcher calls on the registration socket."""
 
     grpc_metrics: object = None  # a rpc.status.GrpcMetrics to count calls in
@@ -76,9 +73,7 @@ class RegistrationService(reg_grpc.RegistrationServicer):
         return {"driver": self.driver, "endpoint": self.endpoint, "socket": self.socket}
 
     @_rpc
-    async def GetInfo(
-        self, request: reg.InfoRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> reg.PluginInfo:
+    async def GetInfo(self, request: reg.InfoRequest, context: Context) -> reg.PluginInfo:
         log.info("kubelet asked for the plugin's registration info", extra=self.log_context)
         return reg.PluginInfo(
             type=CSI_PLUGIN,
@@ -89,7 +84,7 @@ class RegistrationService(reg_grpc.RegistrationServicer):
 
     @_rpc
     async def NotifyRegistrationStatus(
-        self, request: reg.RegistrationStatus, context: grpc.aio.ServicerContext[Any, Any]
+        self, request: reg.RegistrationStatus, context: Context
     ) -> reg.RegistrationStatusResponse:
         if request.plugin_registered:
             log.info("registered with the kubelet", extra=self.log_context)
@@ -117,16 +112,20 @@ async def driver_name(csi_socket: str, timeout: float = 10.0) -> str:
     """The driver's name as the CSI socket answers it (``GetPluginInfo``), as
     node-driver-registrar asks it: so the registration socket opens only once the CSI socket
     serves, and names the driver that serves there."""
+    client = UnixClient(csi_socket)
     try:
-        async with grpc.aio.insecure_channel(f"unix:{csi_socket}") as channel:
-            stub = csi_grpc.IdentityStub(channel)
-            info = await stub.GetPluginInfo(csi.GetPluginInfoRequest(), timeout=timeout)
-    except grpc.aio.AioRpcError as e:
+        info = await client.unary(
+            csi.DESCRIPTOR.services_by_name["Identity"], "GetPluginInfo",
+            csi.GetPluginInfoRequest(), timeout,
+        )  # fmt: skip
+    except GRPCError as e:
         raise StartupError(
             f"cannot register with the kubelet: the CSI socket {csi_socket} does not answer "
-            f"GetPluginInfo: {e.code().name}: {e.details()}"
+            f"GetPluginInfo: {e.status.name}: {e.message}"
         ) from e
-    return info.name
+    finally:
+        client.close()
+    return str(info.name)
 
 
 async def serve_registration(
@@ -139,11 +138,8 @@ async def serve_registration(
     path = registration.socket(driver)
     service = RegistrationService(driver, registration.endpoint, path)
     service.grpc_metrics = metrics
-
-    def register(server: grpc.aio.Server) -> None:
-        reg_grpc.add_RegistrationServicer_to_server(service, server)
-
-    await serve_grpc(parts, path, register, mode=SOCKET_MODE, grace=5.0)
+    served = [Service(reg.DESCRIPTOR.services_by_name["Registration"], service)]
+    await serve_grpc(parts, path, served, mode=SOCKET_MODE, grace=5.0)
     parts.spawn(service.until_rejected(), "kubelet-registration")
     log.info(
         "serving the kubelet plugin registration",

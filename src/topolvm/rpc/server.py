@@ -8,15 +8,12 @@ import logging
 import os
 import socket
 import stat
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
 
-import grpc
+from topolvm.rpc.transport import Service, UnixServer
 
 log = logging.getLogger(__name__)
-
-Register = Callable[[grpc.aio.Server], None]
-"""Adds servicers to a server (``add_XServicer_to_server(servicer, server)`` calls)."""
 
 
 class SocketError(Exception):
@@ -46,17 +43,15 @@ def prepare_socket(path: str) -> None:
 
 
 async def start_unix_server(
-    path: str, register: Register, mode: int | None = None
-) -> grpc.aio.Server:
-    """Serve what ``register`` adds on ``unix:<path>``; ``mode`` (e.g. 0o600) is applied to the
-    socket from its creation on (umask), not after."""
+    path: str, services: Sequence[Service], mode: int | None = None
+) -> UnixServer:
+    """Serve ``services`` on ``unix:<path>``; ``mode`` (e.g. 0o600) is applied to the socket
+    from its creation on (umask), not after."""
     prepare_socket(path)
-    server = grpc.aio.server()
-    register(server)
+    server = UnixServer(services)
     old_umask = os.umask(0o777 & ~mode) if mode is not None else None
     try:
-        server.add_insecure_port(f"unix:{path}")
-        await server.start()
+        await server.start(path)
     finally:
         if old_umask is not None:
             os.umask(old_umask)
@@ -66,9 +61,9 @@ async def start_unix_server(
     return server
 
 
-async def stop_unix_server(server: grpc.aio.Server, path: str, grace: float) -> None:
+async def stop_unix_server(server: UnixServer, path: str, grace: float) -> None:
     """Let in-flight calls finish (up to ``grace`` seconds), then remove the socket."""
-    await server.stop(grace)
+    await server.stop(path, grace)
     with contextlib.suppress(OSError):
         os.unlink(path)
     log.info("gRPC server stopped", extra={"socket": path})

@@ -18,8 +18,10 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar, cast
 
-import grpc
+from grpclib.const import Status
 from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from topolvm.rpc.transport import Context
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +31,9 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 class StatusError(Exception):
     """Ends an RPC with ``code`` and ``message``; subclasses fix the code."""
 
-    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    code: Status = Status.INTERNAL
 
-    def __init__(self, message: str, code: grpc.StatusCode | None = None):
+    def __init__(self, message: str, code: Status | None = None):
         super().__init__(message)
         self.message = message
         if code is not None:
@@ -39,64 +41,64 @@ class StatusError(Exception):
 
 
 class InvalidArgument(StatusError):
-    code = grpc.StatusCode.INVALID_ARGUMENT
+    code = Status.INVALID_ARGUMENT
 
 
 class NotFound(StatusError):
-    code = grpc.StatusCode.NOT_FOUND
+    code = Status.NOT_FOUND
 
 
 class AlreadyExists(StatusError):
-    code = grpc.StatusCode.ALREADY_EXISTS
+    code = Status.ALREADY_EXISTS
 
 
 class ResourceExhausted(StatusError):
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    code = Status.RESOURCE_EXHAUSTED
 
 
 class FailedPrecondition(StatusError):
-    code = grpc.StatusCode.FAILED_PRECONDITION
+    code = Status.FAILED_PRECONDITION
 
 
 class OutOfRange(StatusError):
-    code = grpc.StatusCode.OUT_OF_RANGE
+    code = Status.OUT_OF_RANGE
 
 
 class Aborted(StatusError):
-    code = grpc.StatusCode.ABORTED
+    code = Status.ABORTED
 
 
 class Unimplemented(StatusError):
-    code = grpc.StatusCode.UNIMPLEMENTED
+    code = Status.UNIMPLEMENTED
 
 
 class Unavailable(StatusError):
-    code = grpc.StatusCode.UNAVAILABLE
+    code = Status.UNAVAILABLE
 
 
 class DeadlineExceeded(StatusError):
-    code = grpc.StatusCode.DEADLINE_EXCEEDED
+    code = Status.DEADLINE_EXCEEDED
 
 
 class Internal(StatusError):
-    code = grpc.StatusCode.INTERNAL
+    code = Status.INTERNAL
 
 
-_BY_CODE: dict[grpc.StatusCode, type[StatusError]] = {
+_BY_CODE: dict[Status, type[StatusError]] = {
     cls.code: cls
     for cls in (InvalidArgument, NotFound, AlreadyExists, ResourceExhausted, FailedPrecondition,
                 OutOfRange, Aborted, Unimplemented, Unavailable, DeadlineExceeded, Internal)
 }  # fmt: skip
-_BY_VALUE: dict[int, grpc.StatusCode] = {c.value[0]: c for c in grpc.StatusCode}
+_BY_VALUE: dict[int, Status] = {c.value: c for c in Status}
 
 
-def code_from_int(value: int) -> grpc.StatusCode:
+def code_from_int(value: int) -> Status:
     """The status code with number ``value`` (as stored in ``LogicalVolume.status.code``);
     unknown numbers are ``UNKNOWN``."""
-    return _BY_VALUE.get(value, grpc.StatusCode.UNKNOWN)
+    return _BY_VALUE.get(value, Status.UNKNOWN)
 
 
-def from_code(code: grpc.StatusCode | int, message: str) -> StatusError:
+def from_code(code: Status | int, message: str) -> StatusError:
     """The error that ends a call with ``code`` (the subclass for it where there is one)."""
     if isinstance(code, int):
         code = code_from_int(code)
@@ -130,7 +132,7 @@ class GrpcMetrics:
             registry=registry,
         )
 
-    def observe(self, service: str, method: str, code: grpc.StatusCode, secs: float) -> None:
+    def observe(self, service: str, method: str, code: Status, secs: float) -> None:
         self.handled.labels(service, method, code.name).inc()
         self.handling.labels(service, method).observe(secs)
 
@@ -152,22 +154,20 @@ class _Call:
         self.servicer, self.service, self.method, self.ctx = servicer, service, method, ctx
         self.started = time.monotonic()
 
-    def _observe(self, code: grpc.StatusCode) -> None:
+    def _observe(self, code: Status) -> None:
         metrics = getattr(self.servicer, "grpc_metrics", None)
         if isinstance(metrics, GrpcMetrics):
             metrics.observe(self.service, self.method, code, time.monotonic() - self.started)
 
     def ok(self) -> None:
         log.info("rpc ok", extra={**self.ctx, "code": "OK", "secs": _since(self.started)})
-        self._observe(grpc.StatusCode.OK)
+        self._observe(Status.OK)
 
     def cancelled(self) -> None:
         log.info("rpc cancelled", extra={**self.ctx, "secs": _since(self.started)})
-        self._observe(grpc.StatusCode.CANCELLED)
+        self._observe(Status.CANCELLED)
 
-    async def fail(
-        self, e: Exception, translate: Translate | None, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> None:
+    async def fail(self, e: Exception, translate: Translate | None, context: Context) -> None:
         """End the call with the status ``e`` maps to (logged and counted); raises."""
         if isinstance(e, StatusError):
             error = e
@@ -177,7 +177,7 @@ class _Call:
                 log.exception("rpc failed unexpectedly", extra=self.ctx)
                 mapped = Internal(f"{type(e).__name__}: {e}")
             error = mapped
-        level = logging.ERROR if error.code is grpc.StatusCode.INTERNAL else logging.WARNING
+        level = logging.ERROR if error.code is Status.INTERNAL else logging.WARNING
         extra = {**self.ctx, "code": error.code.name, "secs": _since(self.started)}
         log.log(level, f"rpc failed: {error.message}", extra=extra)
         self._observe(error.code)
@@ -192,9 +192,7 @@ def rpc(service: str, describe: Describe, translate: Translate | None = None) ->
         method = fn.__name__
 
         @functools.wraps(fn)
-        async def wrapper(
-            self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]
-        ) -> Any:
+        async def wrapper(self: Any, request: Any, context: Context) -> Any:
             call = _Call(self, service, method, {"rpc": method, **describe(request)})
             try:
                 result = await fn(self, request, context)
@@ -222,9 +220,7 @@ def stream_rpc(service: str, translate: Translate | None = None) -> Callable[[S]
         method = fn.__name__
 
         @functools.wraps(fn)
-        async def wrapper(
-            self: Any, request: Any, context: grpc.aio.ServicerContext[Any, Any]
-        ) -> AsyncIterator[Any]:
+        async def wrapper(self: Any, request: Any, context: Context) -> AsyncIterator[Any]:
             call = _Call(self, service, method, {"rpc": method})
             stream = fn(self, request, context)
             try:
