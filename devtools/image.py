@@ -79,7 +79,6 @@ PYTHON_REQUIREMENTS = """\
 aiohappyeyeballs==2.7.1
 aiohttp==3.14.5
 aiosignal==1.4.0
-annotated-types==0.8.0
 anyio==4.16.0
 attrs==26.1.0
 cffi==2.1.1
@@ -105,12 +104,9 @@ prometheus-client==0.26.0
 propcache==0.5.4
 protobuf==7.36.2
 pycparser==3.12
-pydantic==2.14.3
-pydantic-core==2.50.4
 pyyaml==6.0.3
 truststore==0.10.5
 typing-extensions==4.16.0
-typing-inspection==0.4.5
 yarl==1.25.1
 """
 # What builds this project's wheel (pyproject's [build-system] closure), pinned too: protoc from

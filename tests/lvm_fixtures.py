@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests import uml_tier
-from topolvm.config.lvmd import LvmdConfig
+from topolvm.config import lvmd as lvmd_file
 from topolvm.lvmd.server import LvmdServer, Options
 from topolvm.proto import lvmd_pb2_grpc as pb_grpc
 
@@ -99,7 +99,7 @@ class LvmdClient:
 
 
 async def start_lvmd(raw: dict[str, Any], **options: Any) -> LvmdClient:
-    config = LvmdConfig.model_validate(raw)
+    config = lvmd_file.lvmd_config(raw)
     server = LvmdServer(config, Options(**options))
     await server.start()
     channel = grpc.aio.insecure_channel(f"unix:{config.socket_name}")

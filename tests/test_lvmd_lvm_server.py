@@ -19,7 +19,7 @@ from tests.lvmd_lvm_helpers import (
     lv_report,
     thick,  # noqa: F401
 )
-from topolvm.config.lvmd import LvmdConfig
+from topolvm.config.lvmd import lvmd_config
 from topolvm.daemon import StartupError
 from topolvm.lvmd.server import LvmdServer
 from topolvm.proto import lvmd_pb2 as pb
@@ -84,7 +84,7 @@ async def test_16_parallel_creates_when_space_runs_out(
 
 async def test_startup_names_every_missing_vg_and_pool(vgs: VolumeGroups, tmp_path: Any) -> None:
     vgs.create("vg1", size_gib=2)
-    config = LvmdConfig.model_validate(
+    config = lvmd_config(
         {
             "socket-name": str(tmp_path / "s.sock"),
             "lvm-command-prefix": ["/sbin/lvm"],

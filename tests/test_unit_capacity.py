@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from topolvm.config.lvmd import DeviceClass, LvmdConfig
+from topolvm.config.lvmd import DeviceClass, LvmdConfig, lvmd_config
 from topolvm.lvm.report import Report, parse_report, with_vg_free
 from topolvm.lvmd.capacity import (
     Capacity,
@@ -37,7 +37,7 @@ def report() -> Report:
 
 
 def config(*classes: dict[str, Any]) -> LvmdConfig:
-    return LvmdConfig.model_validate({"device-classes": list(classes)})
+    return lvmd_config({"device-classes": list(classes)})
 
 
 def thick(

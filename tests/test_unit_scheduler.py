@@ -59,7 +59,7 @@ def test_config_defaults_and_upstream_keys() -> None:
     [
         ("divisors: {ssd: 0}\n", ["divisors", "invalid divisor for device-class 'ssd'"]),
         ("divisors: {ssd: -1}\n", ["invalid divisor"]),
-        ("divisors: {ssd: '2'}\n", ["divisors.ssd", "valid number"]),
+        ("divisors: {ssd: '2'}\n", ["divisors.ssd", "should be a number", "'2'"]),
         ("default-divisor: 0\n", ["default-divisor", "> 0"]),
         ("default-divisor: .nan\n", ["default-divisor"]),
         ("default_divisor: 2\n", ["default_divisor", "unknown key"]),

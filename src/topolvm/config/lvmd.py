@@ -7,19 +7,10 @@ import re
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictInt,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+import msgspec
 
-from topolvm.config.errors import ConfigError, describe
+from topolvm.config.decode import convert, read_mapping
+from topolvm.config.errors import ConfigError, invalid
 from topolvm.lvm.command import DEFAULT_PREFIX
 
 GiB = 1 << 30
@@ -29,19 +20,18 @@ _DC_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 _STRIPE_SIZE = re.compile(r"(?i)([0-9]*)(k|m|g|t|p|e|b|s)?")
 _VG_NAME = re.compile(r"[A-Za-z0-9+_.][A-Za-z0-9+_.-]*")
 
-
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid", validate_by_name=False, validate_by_alias=True, frozen=True
-    )
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 
 
-def _lvm_name(value: str, what: str) -> str:
+class _Struct(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A mapping of the file: unknown keys are errors, values cannot be reassigned."""
+
+
+def _lvm_name(key: str, value: str, what: str) -> None:
     if not value:
-        raise ValueError(f"{what} must not be empty")
+        raise invalid(key, f"{what} must not be empty")
     if len(value) > 127 or _VG_NAME.fullmatch(value) is None or value in (".", ".."):
-        raise ValueError(f"{what} is not a valid LVM name")
-    return value
+        raise invalid(key, f"{what} is not a valid LVM name")
 
 
 class DeviceClassType(enum.StrEnum):
@@ -49,84 +39,45 @@ class DeviceClassType(enum.StrEnum):
     THIN = "thin"
 
 
-class ThinPoolConfig(_Model):
+class ThinPoolConfig(_Struct, frozen=True, kw_only=True):
     name: str
-    overprovision_ratio: float = Field(alias="overprovision-ratio")
+    overprovision_ratio: float = msgspec.field(name="overprovision-ratio")
 
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        return _lvm_name(v, "thin pool name")
-
-    @field_validator("overprovision_ratio")
-    @classmethod
-    def _ratio(cls, v: float) -> float:
-        if not v >= 1.0:
-            raise ValueError("overprovision-ratio should be >= 1.0")
-        return v
+    def __post_init__(self) -> None:
+        _lvm_name("name", self.name, "thin pool name")
+        if not self.overprovision_ratio >= 1.0:
+            raise invalid("overprovision-ratio", "should be >= 1.0")
 
 
-class DeviceClass(_Model):
+class DeviceClass(_Struct, frozen=True, kw_only=True):
     name: str
-    volume_group: str = Field(alias="volume-group")
-    default: StrictBool = False
-    spare_gb: Annotated[StrictInt, Field(ge=0, lt=2**64)] = Field(
-        DEFAULT_SPARE_GB, alias="spare-gb"
-    )
-    stripe: Annotated[StrictInt, Field(ge=0, lt=2**32)] | None = None
-    stripe_size: str = Field("", alias="stripe-size")
-    lvcreate_options: tuple[str, ...] = Field((), alias="lvcreate-options")
+    volume_group: str = msgspec.field(name="volume-group")
+    default: bool = False
+    spare_gb: NonNegative = msgspec.field(default=DEFAULT_SPARE_GB, name="spare-gb")
+    stripe: Annotated[int, msgspec.Meta(ge=0, lt=2**32)] | None = None
+    stripe_size: str = msgspec.field(default="", name="stripe-size")
+    lvcreate_options: tuple[str, ...] = msgspec.field(default=(), name="lvcreate-options")
     type: DeviceClassType = DeviceClassType.THICK
-    thin_pool: ThinPoolConfig | None = Field(None, alias="thin-pool")
+    thin_pool: ThinPoolConfig | None = msgspec.field(default=None, name="thin-pool")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _ignore_thin_pool_of_thick(cls, data: Any) -> Any:
-        # Upstream ignores thin-pool on thick classes; so do we (it is not validated).
-        if isinstance(data, dict) and data.get("type") in (None, "", "thick"):
-            data = {k: v for k, v in data.items() if k != "thin-pool"}
-        return data
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not v:
-            raise ValueError("device-class name should not be empty")
-        if len(v) > 63:
-            raise ValueError("device-class name is too long (max 63 characters)")
-        if _DC_NAME.fullmatch(v) is None:
-            raise ValueError(
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise invalid("name", "device-class name should not be empty")
+        if len(self.name) > 63:
+            raise invalid("name", "device-class name is too long (max 63 characters)")
+        if _DC_NAME.fullmatch(self.name) is None:
+            raise invalid(
+                "name",
                 "device-class name should consist of alphanumerics, '-', '_' or '.', "
-                "and should start and end with an alphanumeric"
+                "and should start and end with an alphanumeric",
             )
-        return v
-
-    @field_validator("volume_group")
-    @classmethod
-    def _vg(cls, v: str) -> str:
-        return _lvm_name(v, "volume-group")
-
-    @field_validator("stripe_size")
-    @classmethod
-    def _stripe_size(cls, v: str) -> str:
-        if _STRIPE_SIZE.fullmatch(v) is None:
-            raise ValueError('stripe-size format is "Size[k|UNIT]"')
-        return v
-
-    @field_validator("type", mode="before")
-    @classmethod
-    def _type(cls, v: Any) -> Any:
-        if v in ("", None):
-            return DeviceClassType.THICK
-        if v not in ("thick", "thin"):
-            raise ValueError("type should be 'thick' or 'thin'")
-        return v
-
-    @model_validator(mode="after")
-    def _thin(self) -> DeviceClass:
+        _lvm_name("volume-group", self.volume_group, "volume-group")
+        if self.spare_gb >= 2**64:
+            raise invalid("spare-gb", "should be below 2^64")
+        if _STRIPE_SIZE.fullmatch(self.stripe_size) is None:
+            raise invalid("stripe-size", 'stripe-size format is "Size[k|UNIT]"')
         if self.type is DeviceClassType.THIN and self.thin_pool is None:
-            raise ValueError(f"device-class {self.name!r} has type thin but no thin-pool")
-        return self
+            raise invalid("thin-pool", f"device-class {self.name!r} has type thin but no thin-pool")
 
     @property
     def is_thin(self) -> bool:
@@ -156,75 +107,65 @@ class DeviceClass(_Model):
         return args
 
 
-class LvcreateOptionClass(_Model):
+class LvcreateOptionClass(_Struct, frozen=True, kw_only=True):
     name: str
     options: tuple[str, ...] = ()
 
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not v:
-            raise ValueError("lvcreate-option-class name should not be empty")
-        return v
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise invalid("name", "lvcreate-option-class name should not be empty")
 
 
-class LvmdConfig(_Model):
-    socket_name: str = Field(DEFAULT_SOCKET, alias="socket-name")
-    device_classes: tuple[DeviceClass, ...] = Field(alias="device-classes")
-    lvcreate_option_classes: tuple[LvcreateOptionClass, ...] = Field(
-        (), alias="lvcreate-option-classes"
+class LvmdConfig(_Struct, frozen=True, kw_only=True):
+    socket_name: str = msgspec.field(default=DEFAULT_SOCKET, name="socket-name")
+    device_classes: tuple[DeviceClass, ...] = msgspec.field(name="device-classes")
+    lvcreate_option_classes: tuple[LvcreateOptionClass, ...] = msgspec.field(
+        default=(), name="lvcreate-option-classes"
     )
-    lvm_command_prefix: tuple[str, ...] | None = Field(None, alias="lvm-command-prefix")
+    lvm_command_prefix: tuple[str, ...] | None = msgspec.field(
+        default=None, name="lvm-command-prefix"
+    )
 
-    @field_validator("socket_name")
-    @classmethod
-    def _socket(cls, v: str) -> str:
-        if not v:
-            raise ValueError("socket-name should not be empty")
-        return v
-
-    @field_validator("lvm_command_prefix")
-    @classmethod
-    def _prefix(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        if v is not None and (not v or any(not a for a in v)):
-            raise ValueError("lvm-command-prefix must be a non-empty list naming the lvm binary")
-        return v
-
-    @model_validator(mode="after")
-    def _classes(self) -> LvmdConfig:
-        # Cross-item rules; messages start with the key path of the offending entry.
+    def __post_init__(self) -> None:
+        if not self.socket_name:
+            raise invalid("socket-name", "socket-name should not be empty")
+        prefix = self.lvm_command_prefix
+        if prefix is not None and (not prefix or any(not a for a in prefix)):
+            raise invalid("lvm-command-prefix", "must be a non-empty list naming the lvm binary")
+        # Cross-item rules; each names the key path of the offending entry.
         if not self.device_classes:
-            raise ValueError("device-classes: should have at least one device-class")
+            raise invalid("device-classes", "should have at least one device-class")
         names: set[str] = set()
         targets: dict[str, str] = {}
         default: str | None = None
         for i, dc in enumerate(self.device_classes):
             at = f"device-classes[{i}]"
             if dc.name in names:
-                raise ValueError(f"{at}.name: duplicate device-class name {dc.name!r}")
+                raise invalid(f"{at}.name", f"duplicate device-class name {dc.name!r}")
             names.add(dc.name)
             if dc.target in targets:
-                raise ValueError(
-                    f"{at}: device-classes {targets[dc.target]!r} and {dc.name!r} use the same "
-                    f"target {dc.target!r} (thick: volume-group, thin: volume-group/thin-pool)"
+                raise invalid(
+                    at,
+                    f"device-classes {targets[dc.target]!r} and {dc.name!r} use the same "
+                    f"target {dc.target!r} (thick: volume-group, thin: volume-group/thin-pool)",
                 )
             targets[dc.target] = dc.name
             if dc.default:
                 if default is not None:
-                    raise ValueError(
-                        f"{at}.default: only one default device-class is allowed, but "
-                        f"{default!r} and {dc.name!r} are both default"
+                    raise invalid(
+                        f"{at}.default",
+                        f"only one default device-class is allowed, but "
+                        f"{default!r} and {dc.name!r} are both default",
                     )
                 default = dc.name
         seen: set[str] = set()
         for i, oc in enumerate(self.lvcreate_option_classes):
             if oc.name in seen:
-                raise ValueError(
-                    f"lvcreate-option-classes[{i}].name: duplicate lvcreate-option-class "
-                    f"name {oc.name!r}"
+                raise invalid(
+                    f"lvcreate-option-classes[{i}].name",
+                    f"duplicate lvcreate-option-class name {oc.name!r}",
                 )
             seen.add(oc.name)
-        return self
 
     @property
     def command_prefix(self) -> tuple[str, ...]:
@@ -245,17 +186,34 @@ class LvmdConfig(_Model):
         return next((oc for oc in self.lvcreate_option_classes if oc.name == name), None)
 
 
+def _prepare(data: dict[Any, Any], source: str) -> dict[Any, Any]:
+    """Upstream's leniencies, applied before the types are checked: an empty ``type`` is thick,
+    and a thick class's ``thin-pool`` block is ignored (not validated)."""
+    classes = data.get("device-classes")
+    if not isinstance(classes, list):
+        return data
+    return {**data, "device-classes": [_lenient(dc, f"{source}: device-classes[{i}]")
+                                       for i, dc in enumerate(classes)]}  # fmt: skip
+
+
+def _lenient(dc: Any, at: str) -> Any:
+    if not isinstance(dc, dict):
+        return dc
+    kind = dc.get("type")
+    if kind in (None, "", "thick"):
+        return {**{k: v for k, v in dc.items() if k != "thin-pool"}, "type": "thick"}
+    if kind != "thin":
+        raise ConfigError(f"{at}.type: type should be 'thick' or 'thin' (value {kind!r})")
+    return dc
+
+
+def lvmd_config(data: dict[Any, Any], source: str = "lvmd config") -> LvmdConfig:
+    """An lvmd configuration from the file's decoded mapping."""
+    return convert(_prepare(data, source), LvmdConfig, source)
+
+
 def parse_lvmd_config(text: str, source: str = "lvmd config") -> LvmdConfig:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{source}: not valid YAML: {e}") from e
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping of keys, got {type(data).__name__}")
-    try:
-        return LvmdConfig.model_validate(data)
-    except ValidationError as e:
-        raise describe(e, source) from e
+    return lvmd_config(read_mapping(text, source), source)
 
 
 def load_lvmd_config(path: str | Path) -> LvmdConfig:

@@ -7,85 +7,58 @@ import math
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictFloat,
-    StrictInt,
-    StrictStr,
-    ValidationError,
-    field_validator,
-)
+import msgspec
 
 from topolvm.cliargs import parse_listen
-from topolvm.config.errors import ConfigError, describe
+from topolvm.config.decode import convert, read_mapping
+from topolvm.config.errors import ConfigError, invalid
 
 DEFAULT_LISTEN = ":8000"
 DEFAULT_MAX_REQUEST_BYTES = 128 << 20
 DEFAULT_NODE_CACHE_MAX_AGE = 900.0
 
 
-def _positive(v: float, what: str) -> float:
+def _positive(key: str, v: float) -> None:
     if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{what} must be a finite number > 0")
-    return float(v)
+        raise invalid(key, f"{key} must be a finite number > 0")
 
 
-class SchedulerConfig(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid", validate_by_name=False, validate_by_alias=True, frozen=True
-    )
-
-    listen: StrictStr = DEFAULT_LISTEN
-    default_divisor: StrictFloat = Field(1.0, alias="default-divisor")
-    divisors: dict[StrictStr, StrictFloat] = Field(default_factory=dict)
+class SchedulerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    listen: str = DEFAULT_LISTEN
+    default_divisor: float = msgspec.field(default=1.0, name="default-divisor")
+    divisors: dict[str, float] = msgspec.field(default_factory=dict)
     # Upstream's Go pprof endpoint: accepted so upstream files load, but there is nothing to serve.
-    profiling_bind_address: StrictStr = Field("", alias="profiling-bind-address")
+    profiling_bind_address: str = msgspec.field(default="", name="profiling-bind-address")
     # This project's additions.
-    managed_resource: StrictBool = Field(False, alias="managed-resource")
-    node_cache: StrictBool = Field(False, alias="node-cache")
-    node_cache_max_age: StrictFloat = Field(DEFAULT_NODE_CACHE_MAX_AGE, alias="node-cache-max-age")
-    path_prefix: StrictStr = Field("", alias="path-prefix")
-    max_request_bytes: Annotated[StrictInt, Field(ge=1 << 10, le=1 << 32)] = Field(
-        DEFAULT_MAX_REQUEST_BYTES, alias="max-request-bytes"
+    managed_resource: bool = msgspec.field(default=False, name="managed-resource")
+    node_cache: bool = msgspec.field(default=False, name="node-cache")
+    node_cache_max_age: float = msgspec.field(
+        default=DEFAULT_NODE_CACHE_MAX_AGE, name="node-cache-max-age"
+    )
+    path_prefix: str = msgspec.field(default="", name="path-prefix")
+    max_request_bytes: Annotated[int, msgspec.Meta(ge=1 << 10, le=1 << 32)] = msgspec.field(
+        default=DEFAULT_MAX_REQUEST_BYTES, name="max-request-bytes"
     )
 
-    @field_validator("listen")
-    @classmethod
-    def _listen(cls, v: str) -> str:
-        parse_listen(v)
-        return v
-
-    @field_validator("default_divisor")
-    @classmethod
-    def _default_divisor(cls, v: float) -> float:
-        return _positive(v, "default-divisor")
-
-    @field_validator("divisors")
-    @classmethod
-    def _divisors(cls, v: dict[str, float]) -> dict[str, float]:
-        out = {}
-        for dc, d in v.items():
+    def __post_init__(self) -> None:
+        try:
+            parse_listen(self.listen)
+        except ValueError as e:
+            raise invalid("listen", str(e)) from None
+        _positive("default-divisor", self.default_divisor)
+        for dc, d in self.divisors.items():
             if not math.isfinite(d) or d <= 0:
                 # Upstream's start-up error is "invalid divisor".
-                raise ValueError(f"invalid divisor for device-class {dc!r}: must be > 0, got {d}")
-            out[dc] = float(d)
-        return out
-
-    @field_validator("node_cache_max_age")
-    @classmethod
-    def _max_age(cls, v: float) -> float:
-        return _positive(v, "node-cache-max-age")
-
-    @field_validator("path_prefix")
-    @classmethod
-    def _prefix(cls, v: str) -> str:
-        if v and (not v.startswith("/") or v.endswith("/") or "//" in v):
-            raise ValueError("path-prefix must start with '/' and not end with '/' (e.g. /topolvm)")
-        return v
+                raise invalid(
+                    "divisors", f"invalid divisor for device-class {dc!r}: must be > 0, got {d}"
+                )
+        _positive("node-cache-max-age", self.node_cache_max_age)
+        prefix = self.path_prefix
+        if prefix and (not prefix.startswith("/") or prefix.endswith("/") or "//" in prefix):
+            raise invalid(
+                "path-prefix",
+                "path-prefix must start with '/' and not end with '/' (e.g. /topolvm)",
+            )
 
     @property
     def listen_address(self) -> tuple[str, int]:
@@ -97,22 +70,22 @@ class SchedulerConfig(BaseModel):
 
 def default_config() -> SchedulerConfig:
     """The configuration without a file (upstream's default when ``--config`` is not given)."""
-    return SchedulerConfig.model_validate({})
+    return SchedulerConfig()
+
+
+def _divisor_types(data: dict[Any, Any], source: str) -> None:
+    # msgspec names a bad dict value only as divisors[...]; this names the device class.
+    divisors = data.get("divisors")
+    if isinstance(divisors, dict):
+        for dc, d in divisors.items():
+            if isinstance(d, bool) or not isinstance(d, int | float):
+                raise ConfigError(f"{source}: divisors.{dc}: should be a number (value {d!r})")
 
 
 def parse_scheduler_config(text: str, source: str = "scheduler config") -> SchedulerConfig:
-    try:
-        data: Any = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{source}: not valid YAML: {e}") from e
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping of keys, got {type(data).__name__}")
-    try:
-        return SchedulerConfig.model_validate(data)
-    except ValidationError as e:
-        raise describe(e, source) from e
+    data = read_mapping(text, source, empty=True)
+    _divisor_types(data, source)
+    return convert(data, SchedulerConfig, source)
 
 
 def load_scheduler_config(path: str | Path | None) -> SchedulerConfig:

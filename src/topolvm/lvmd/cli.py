@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import logging
 
+import msgspec
+
 from topolvm import daemon
 from topolvm.cliargs import bind_address, positive_seconds
 from topolvm.config.errors import ConfigError
@@ -84,7 +86,9 @@ def load(args: argparse.Namespace) -> LvmdConfig:
     if lvm_path:
         if config.lvm_command_prefix is not None:
             raise ConfigError("cannot set both --lvm-path and lvm-command-prefix")
-        config = config.model_copy(update={"lvm_command_prefix": (*DEFAULT_PREFIX[:-1], lvm_path)})
+        config = msgspec.structs.replace(
+            config, lvm_command_prefix=(*DEFAULT_PREFIX[:-1], lvm_path)
+        )
     return config
 
 

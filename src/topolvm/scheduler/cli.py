@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+import msgspec
+
 from topolvm import daemon
 from topolvm.cliargs import parse_listen
 from topolvm.config.errors import ConfigError
@@ -89,7 +91,7 @@ def load(args: argparse.Namespace) -> SchedulerConfig:
         except ValueError as e:
             raise ConfigError(f"--listen: {e}") from None
         update["listen"] = args.listen
-    return config.model_copy(update=update) if update else config
+    return msgspec.structs.replace(config, **update) if update else config
 
 
 def run(args: argparse.Namespace) -> int:
