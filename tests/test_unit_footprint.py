@@ -12,15 +12,17 @@ import pytest
 HEAVY = ("aiohttp", "cryptography", "jsonpatch")  # the extender's and webhook's, ~15 MB
 # grpcio's C core: ~18 MB and a thread pool that wakes every second (rpc/transport.py)
 GRPC_C_CORE = ("grpc",)
+# ~8 MB of validators for two small YAML files; they are decoded with msgspec (config/decode.py)
+PYDANTIC = ("pydantic", "pydantic_core")
 
 
 @pytest.mark.parametrize("entry", ["topolvm.node.app", "topolvm.lvmd.server"])
-def test_a_per_node_daemon_loads_no_http_framework_and_no_grpc_c_core(entry: str) -> None:
+def test_a_per_node_daemon_loads_no_http_framework_no_grpc_c_core_no_pydantic(entry: str) -> None:
     # What `python -m topolvm node|lvmd` imports: the command line of every component, then the
     # daemon's own modules.
     code = (
         f"import sys, topolvm.cli, {entry}\n"
-        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY + GRPC_C_CORE!r})))"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY + GRPC_C_CORE + PYDANTIC!r})))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
