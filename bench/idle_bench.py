@@ -11,7 +11,7 @@ per set-up, in the guest:
   one fork of ``sh``, is in the CPU figure: an upper bound);
 - CPU seconds per minute of the daemon(s) and their LVM children (``/proc/<pid>/stat``: utime,
   stime, cutime, cstime), and per thread name (``/proc/<pid>/task/*``: the asyncio thread apart
-  from gRPC's C-core threads);
+  from any other, such as the default executor's);
 - RSS and private (anonymous) memory of each daemon at the end (``/proc/<pid>/smaps_rollup``);
 - one outside change (an ``lvcreate`` by hand) after the window: the seconds until the Node's
   capacity annotation shows it (the kernel's device events, not a periodic report).
