@@ -394,3 +394,18 @@ def test_thin_pool_block_is_ignored_for_thick_class() -> None:
 def test_scalar_of_wrong_type_is_rejected(extra: str) -> None:
     message = reject(one_class(extra))
     assert "device-classes[0]." + extra.split(":", maxsplit=1)[0] in message
+
+
+@pytest.mark.parametrize(("ratio", "value"), [("1.5e1", 15.0), ("1e3", 1000.0), ("'2'", 2.0)])
+def test_ratio_in_exponent_form_loads(ratio: str, value: float) -> None:
+    # PyYAML reads 1e3 as a string; upstream's YAML parser reads a number (the old pydantic
+    # model accepted both too).
+    text = one_class(f"type: thin\nthin-pool: {{name: p, overprovision-ratio: {ratio}}}")
+    (dc,) = parse_lvmd_config(text, "lvmd.yaml").device_classes
+    assert dc.pool.overprovision_ratio == value
+
+
+@pytest.mark.parametrize("ratio", [".inf", "'inf'", ".nan", "x"])
+def test_ratio_that_is_not_a_finite_number_is_rejected(ratio: str) -> None:
+    message = reject(one_class(f"type: thin\nthin-pool: {{name: p, overprovision-ratio: {ratio}}}"))
+    assert "device-classes[0].thin-pool.overprovision-ratio" in message

@@ -59,6 +59,8 @@ def test_config_defaults_and_upstream_keys() -> None:
     [
         ("divisors: {ssd: 0}\n", ["divisors", "invalid divisor for device-class 'ssd'"]),
         ("divisors: {ssd: -1}\n", ["invalid divisor"]),
+        ("divisors: {1: 2}\n", ["divisors: keys must be strings"]),
+        ("divisors: {ssd: 1" + "0" * 30 + "}\n", ["divisors.ssd", "below 2^63"]),
         ("divisors: {ssd: '2'}\n", ["divisors.ssd", "should be a number", "'2'"]),
         ("default-divisor: 0\n", ["default-divisor", "> 0"]),
         ("default-divisor: .nan\n", ["default-divisor"]),

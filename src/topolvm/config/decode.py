@@ -18,7 +18,7 @@ import yaml
 from topolvm.config.errors import ConfigError
 
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
-_KEY_IN = re.compile(r"^Expected `str` - at `key` in `\$(?P<path>[^`]*)`$")
+_KEY_IN = re.compile(r"^Expected `str`(?:, got `[^`]*`)? - at `key` in `\$(?P<path>[^`]*)`$")
 _FIELD = re.compile(r"^Object (?P<what>missing required|contains unknown) field `(?P<key>[^`]*)`$")
 _RULE = re.compile(r"^(?P<key>[A-Za-z][\w.\[\]-]*): (?P<msg>.*)$", re.S)
 _PART = re.compile(r"\.([^.\[]+)|\[(\d+)\]")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any
@@ -45,8 +47,8 @@ class ThinPoolConfig(_Struct, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         _lvm_name("name", self.name, "thin pool name")
-        if not self.overprovision_ratio >= 1.0:
-            raise invalid("overprovision-ratio", "should be >= 1.0")
+        if not (self.overprovision_ratio >= 1.0 and math.isfinite(self.overprovision_ratio)):
+            raise invalid("overprovision-ratio", "should be a finite number >= 1.0")
 
 
 class DeviceClass(_Struct, frozen=True, kw_only=True):
@@ -199,6 +201,11 @@ def _prepare(data: dict[Any, Any], source: str) -> dict[Any, Any]:
 def _lenient(dc: Any, at: str) -> Any:
     if not isinstance(dc, dict):
         return dc
+    pool = dc.get("thin-pool")
+    if isinstance(pool, dict) and isinstance(ratio := pool.get("overprovision-ratio"), str):
+        # YAML 1.1 (PyYAML) reads 1e3 and 1.5e1 as strings; upstream's parser reads numbers.
+        with contextlib.suppress(ValueError):  # if not a number, msgspec names key and value
+            dc = {**dc, "thin-pool": {**pool, "overprovision-ratio": float(ratio)}}
     kind = dc.get("type")
     if kind in (None, "", "thick"):
         return {**{k: v for k, v in dc.items() if k != "thin-pool"}, "type": "thick"}

@@ -78,8 +78,10 @@ def _divisor_types(data: dict[Any, Any], source: str) -> None:
     divisors = data.get("divisors")
     if isinstance(divisors, dict):
         for dc, d in divisors.items():
-            if isinstance(d, bool) or not isinstance(d, int | float):
-                raise ConfigError(f"{source}: divisors.{dc}: should be a number (value {d!r})")
+            if isinstance(d, bool) or not isinstance(d, int | float) or abs(d) >= 2**63:
+                raise ConfigError(
+                    f"{source}: divisors.{dc}: should be a number below 2^63 (value {d!r})"
+                )
 
 
 def parse_scheduler_config(text: str, source: str = "scheduler config") -> SchedulerConfig:
