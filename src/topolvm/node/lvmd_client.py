@@ -114,13 +114,11 @@ class SocketLvmd:
 
 
 class _InProcessContext:
-    """The part of a ServicerContext lvmd's servicer uses: ``abort`` ends the call."""
+    """What lvmd's servicers use of their context (``rpc.transport.Context``): ``abort`` ends
+    the call."""
 
     async def abort(self, code: Status, details: str = "", *_: Any) -> NoReturn:
         raise LvmdCallError(code, details)
-
-    def cancelled(self) -> bool:
-        return False
 
 
 class EmbeddedLvmd:

@@ -36,9 +36,6 @@ __all__ = ["Context", "GRPCError", "Service", "Status", "UnixClient", "UnixServe
 class Context:
     """What a servicer sees of its call: ``abort`` ends it with a status."""
 
-    def __init__(self, stream: Stream[Any, Any]) -> None:
-        self._stream = stream
-
     async def abort(self, code: Status, details: str = "") -> NoReturn:
         """End the call with ``code`` and ``details``; raises."""
         raise GRPCError(code, details)
@@ -76,11 +73,11 @@ class Service:
 
         async def unary(stream: Stream[Any, Any]) -> None:
             request = await stream.recv_message()
-            await stream.send_message(await fn(request, Context(stream)))
+            await stream.send_message(await fn(request, Context()))
 
         async def server_streaming(stream: Stream[Any, Any]) -> None:
             request = await stream.recv_message()
-            replies: AsyncIterator[Any] = fn(request, Context(stream))
+            replies: AsyncIterator[Any] = fn(request, Context())
             async for reply in replies:
                 await stream.send_message(reply)
 
