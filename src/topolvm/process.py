@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -100,6 +100,44 @@ async def run_captured(
             _kill(proc)
         raise
     return (proc.returncode if proc.returncode is not None else -1), bytes(out), bytes(err)
+
+
+async def run_lines(
+    argv: Sequence[str], timeout: float, env: Mapping[str, str], on_line: Callable[[bytes], None]
+) -> tuple[int, bytes]:
+    """Run ``argv`` without a shell, handing each line of its stdout to ``on_line`` as it
+    comes (a large output is never held whole); return (exit status, stderr). Past
+    ``timeout``, or when ``on_line`` raises, the command is killed (:class:`CommandTimedOut`,
+    or the callback's error). For read-only tools only: a cancelled caller kills it too."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=dict(env),
+        limit=1 << 20,
+    )
+    err = bytearray()
+
+    async def lines() -> None:
+        assert proc.stdout is not None
+        while line := await proc.stdout.readline():
+            on_line(line)
+
+    try:
+        await asyncio.wait_for(
+            asyncio.gather(lines(), _drain(proc.stderr, err), proc.wait()), timeout
+        )
+    except TimeoutError:
+        _kill(proc)
+        await asyncio.wait_for(proc.wait(), KILL_GRACE)
+        raise CommandTimedOut(bytes(err)) from None
+    except BaseException:
+        _kill(proc)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(proc.wait(), KILL_GRACE)
+        raise
+    return (proc.returncode if proc.returncode is not None else -1), bytes(err)
 
 
 async def until_terminated() -> None:

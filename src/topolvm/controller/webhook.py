@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import ssl
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import PersistentVolumeClaim
 from lightkube.resources.storage_v1 import StorageClass
 
+from topolvm import certs
 from topolvm.constants import Names
 from topolvm.controller.metrics import ControllerMetrics
 from topolvm.controller.podmutate import Decision, PodReader, decide
@@ -58,16 +58,10 @@ def server_ssl_context() -> ssl.SSLContext:
 
 def load_pair(ctx: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
     """Load a certificate chain and key into ``ctx``; a bad pair leaves ``ctx`` untouched."""
-    with tempfile.TemporaryDirectory(prefix="topolvm-webhook-") as tmp:
-        crt, key = Path(tmp, "tls.crt"), Path(tmp, "tls.key")
-        crt.write_bytes(cert_pem)
-        key.touch(mode=0o600)
-        key.write_bytes(key_pem)
-        try:
-            server_ssl_context().load_cert_chain(crt, key)  # try first: a failure half-loads
-        except (ssl.SSLError, ValueError) as e:
-            raise WebhookCertError(f"the certificate and key do not form a usable pair: {e}") from e
-        ctx.load_cert_chain(crt, key)
+    try:
+        certs.load_pair(ctx, cert_pem, key_pem)
+    except certs.CertPairError as e:
+        raise WebhookCertError(str(e)) from e
 
 
 class ApiPodReader:

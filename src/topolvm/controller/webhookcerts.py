@@ -23,14 +23,15 @@ from typing import Any, Literal
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID
 from lightkube import AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.admissionregistration_v1 import MutatingWebhookConfiguration
 from lightkube.resources.core_v1 import Secret
 
+from topolvm.certs import issue, pem_key, utc_now
 from topolvm.controller.metrics import ControllerMetrics
 from topolvm.controller.webhook import (
     WebhookCertError,
@@ -46,14 +47,9 @@ log = logging.getLogger("topolvm.controller.webhookcerts")
 
 SERVING_VALIDITY = datetime.timedelta(days=365)
 CA_VALIDITY = datetime.timedelta(days=3650)
-BACKDATE = datetime.timedelta(minutes=5)  # tolerate clocks a little behind ours
 CA_COMMON_NAME = "ca.webhook.topolvm"
 Clock = Callable[[], datetime.datetime]
 Renewal = Literal["none", "serving", "ca"]
-
-
-def utc_now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
 
 
 def service_dns_names(service: str, namespace: str) -> list[str]:
@@ -62,39 +58,11 @@ def service_dns_names(service: str, namespace: str) -> list[str]:
     return [service, f"{service}.{namespace}", svc, f"{svc}.cluster.local"]
 
 
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
 def _spki(key: Any) -> bytes:
     out: bytes = key.public_bytes(
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     )
     return out
-
-
-def _issue(
-    subject: str, issuer: x509.Name | None, key: ec.EllipticCurvePrivateKey,
-    signer: ec.EllipticCurvePrivateKey, now: datetime.datetime, validity: datetime.timedelta,
-    extensions: list[tuple[x509.ExtensionType, bool]],
-) -> bytes:  # fmt: skip
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(issuer or name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - BACKDATE)
-        .not_valid_after(now + validity)
-    )
-    for ext, critical in extensions:
-        builder = builder.add_extension(ext, critical=critical)
-    return builder.sign(signer, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
 
 
 def new_ca(
@@ -111,7 +79,7 @@ def new_ca(
     extensions: list[tuple[x509.ExtensionType, bool]] = [
         (x509.BasicConstraints(ca=True, path_length=0), True), (usage, True), (ski, False),
     ]  # fmt: skip
-    return _issue(CA_COMMON_NAME, None, key, key, now, validity, extensions), _pem_key(key)
+    return issue(CA_COMMON_NAME, None, key, key, now, validity, extensions), pem_key(key)
 
 
 def new_serving_cert(
@@ -133,11 +101,11 @@ def new_serving_cert(
         (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False),
         (x509.AuthorityKeyIdentifier.from_issuer_public_key(signer.public_key()), False),
     ]
-    crt = _issue(
+    crt = issue(
         dns[0] if dns else "topolvm-webhook", ca.subject, key, signer,
         now or utc_now(), validity, extensions,
     )  # fmt: skip
-    return crt, _pem_key(key)
+    return crt, pem_key(key)
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,11 @@ import json
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from topolvm.lvm.errors import LvmError, LvmTimeout, ReportError
-from topolvm.process import CommandTimedOut, run_captured
+from topolvm.process import CommandTimedOut, run_captured, run_lines
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,40 @@ class LvmRunner:
             raise LvmError(argv, rc, stderr)
         log.debug("lvm ok", extra={"argv": argv, "secs": round(elapsed, 4)})
         return out.decode(errors="replace")
+
+    def tool_argv(self, tool: str, *args: str) -> list[str]:
+        """Another device-mapper tool (``dmsetup``, ``thin_dump``) run the way LVM is: the
+        prefix without its last word (the lvm binary), so ``nsenter ... /sbin/lvm`` runs
+        ``nsenter ... dmsetup`` in the host's namespaces, found on ``PATH`` there."""
+        return [*self.prefix[:-1], tool, *args]
+
+    async def run_tool(self, tool: str, *args: str) -> str:
+        argv = self.tool_argv(tool, *args)
+        self.calls += 1
+        try:
+            rc, out, err = await run_captured(argv, self.timeout, self._env)
+        except CommandTimedOut as e:
+            raise LvmTimeout(argv, None, e.stderr.decode(errors="replace"),
+                             f"timed out after {self.timeout}s {e.reason}") from None  # fmt: skip
+        except OSError as e:
+            raise LvmError(argv, None, "", f"cannot run {tool}: {e}") from e
+        if rc != 0:
+            raise LvmError(argv, rc, err.decode(errors="replace"))
+        return out.decode(errors="replace")
+
+    async def tool_lines(self, tool: str, *args: str, on_line: Callable[[bytes], None]) -> None:
+        """Run a read-only tool, its stdout handed to ``on_line`` a line at a time."""
+        argv = self.tool_argv(tool, *args)
+        self.calls += 1
+        try:
+            rc, err = await run_lines(argv, self.timeout, self._env, on_line)
+        except CommandTimedOut as e:
+            reason = f"timed out after {self.timeout}s and was killed"
+            raise LvmTimeout(argv, None, e.stderr.decode(errors="replace"), reason) from None
+        except OSError as e:
+            raise LvmError(argv, None, "", f"cannot run {tool}: {e}") from e
+        if rc != 0:
+            raise LvmError(argv, rc, err.decode(errors="replace"))
 
     async def report(self, *args: str) -> dict[str, Any]:
         """Run a reporting command with JSON output and return the decoded document."""

@@ -187,6 +187,14 @@ def parse_report(doc: Mapping[str, Any]) -> Report:
     return Report(vgs=vgs, lvs={k: tuple(v) for k, v in lvs.items()})
 
 
+def has_cow_snapshot(report: Report, lv: LvRecord) -> bool:
+    """Whether a thick (COW) snapshot of ``lv`` exists: LVM then refuses to resize it, and
+    would remove the snapshot with it."""
+    return not lv.pool_lv and any(
+        x.origin == lv.name and not x.pool_lv for x in report.lvs_of(lv.vg_name)
+    )
+
+
 def with_lv(report: Report, lv: LvRecord) -> Report:
     """A copy of ``report`` in which ``lv`` is added or replaces the LV of the same name."""
     lvs = dict(report.lvs)

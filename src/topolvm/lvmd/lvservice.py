@@ -4,10 +4,7 @@ upstream's semantics."""
 from __future__ import annotations
 
 import logging
-import os
-import stat
 from dataclasses import replace
-from pathlib import Path
 
 from grpclib.const import Status
 
@@ -19,13 +16,14 @@ from topolvm.lvm.report import (
     LV_FIELDS,
     LvRecord,
     Report,
+    has_cow_snapshot,
     parse_report,
     with_lv,
     with_vg_free,
     without_lv,
 )
 from topolvm.lvmd.capacity import Pool, PoolMissing, find_pool
-from topolvm.lvmd.service import resolve, rpc_of, to_pb
+from topolvm.lvmd.service import block_device, resolve, rpc_of, to_pb
 from topolvm.lvmd.state import LvmState
 from topolvm.lvmd.thin_repair import inactive_thin, lost_thin, run_on_pool
 from topolvm.proto import lvmd_pb2 as pb
@@ -40,19 +38,6 @@ def _no_space(free: int, requested: int) -> status.StatusError:
     return status.ResourceExhausted(
         f"no enough space left on VG: free={free}, requested={requested}",
     )
-
-
-def _block_device(path: str) -> tuple[int, int, int] | None:
-    """(major, minor, size in bytes) of an active LV's device node, from stat and sysfs."""
-    try:
-        st = os.stat(path)
-        if not stat.S_ISBLK(st.st_mode):
-            return None
-        major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
-        sectors = int(Path(f"/sys/dev/block/{major}:{minor}/size").read_text())
-    except (OSError, ValueError):
-        return None
-    return major, minor, sectors * 512
 
 
 class LVService:
@@ -75,7 +60,7 @@ class LVService:
     async def _read_lv(self, vg: str, name: str, base: LvRecord) -> LvRecord:
         """``base`` as it is now: size and device from its device node, else from ``lvs``."""
         path = f"/dev/{vg}/{name}"
-        dev = _block_device(path)
+        dev = block_device(path)
         if dev is not None:
             major, minor, size = dev
             return replace(base, path=path, major=major, minor=minor, size=size)
@@ -239,6 +224,11 @@ class LVService:
                 raise status.FailedPrecondition(
                     f"{lv.full_name} is a thin pool; lvmd never removes thin pools",
                 )
+            if lv is not None and has_cow_snapshot(report, lv):
+                raise status.FailedPrecondition(
+                    f"{lv.full_name} has a COW snapshot (a copy reads it); lvmd does not "
+                    "remove it with its snapshots: remove the snapshot first",
+                )
             was_exact = self.state.begin_change()
             try:
                 await self.runner.run("lvremove", "-f", f"{vg.name}/{name}")
@@ -270,6 +260,11 @@ class LVService:
                 raise status.NotFound(f"logical volume {name} is not found")
             if size <= lv.size:
                 return pb.ResizeLVResponse(size_bytes=lv.size)
+            if has_cow_snapshot(report, lv):
+                raise status.FailedPrecondition(
+                    f"logical volume {lv.full_name} has a COW snapshot (a copy reads it): it can "
+                    "grow once the copy is done and the snapshot removed"
+                )
             delta = size - lv.size
             free = pool.free(report)
             if free < delta and self.state.dirty:
@@ -305,10 +300,6 @@ class LVService:
         self, request: pb.CreateLVSnapshotRequest, context: Context
     ) -> pb.CreateLVSnapshotResponse:
         dc = resolve(self.config, request.device_class)
-        if not dc.is_thin:
-            raise status.Unimplemented(
-                "device class is not thin. Thick snapshots are not implemented yet",
-            )
         name = validate.lv_name(request.name)
         source = validate.lv_name(request.source_volume, "source_volume")
         tags = [validate.tag(t) for t in request.tags]
@@ -326,13 +317,20 @@ class LVService:
             src = report.find_lv(pool.vg.name, source)
             if src is None:
                 raise status.NotFound(f"source logical volume {source} is not found")
-            if not src.is_thin_volume:
+            if dc.is_thin and not src.is_thin_volume:
                 raise status.Unimplemented("snapshot can be created for only thin volumes")
+            if not dc.is_thin and src not in pool.lvs(report):
+                raise status.InvalidArgument(f"{src.full_name} is not a volume of device class "
+                                             f"{dc.name}")  # fmt: skip
+            if not dc.is_thin and src.origin:
+                raise status.InvalidArgument(f"{src.full_name} is itself a COW snapshot")
             desired = request.size_bytes or src.size
             if desired < src.size:
                 raise status.OutOfRange(
                     f"requested size {desired} is smaller than the source volume size {src.size}",
                 )
+            if not dc.is_thin:
+                desired = src.size  # a COW snapshot reads as large as its origin, no larger
             existing = report.find_lv(pool.vg.name, name)
             if existing is not None:
                 report, pool, existing = await self._activated_or_lost(dc, report, pool, existing)
@@ -359,18 +357,27 @@ class LVService:
         access: str,
     ) -> LvRecord:
         vg = pool.vg.name
-        argv = ["lvcreate", "-s", "-k", "n", "-n", name, src.full_name]
+        thin = pool.thin_pool is not None
+        # A thick (COW) snapshot as large as its origin can never fill up and become invalid;
+        # it is meant to live only while a copy reads it (docs/transfer.md).
+        size_args = ["-k", "n"] if thin else ["-l", "100%ORIGIN"]
+        argv = ["lvcreate", "-s", *size_args, "-n", name, src.full_name]
         for t in tags:
             argv += ["--addtag", t]
         self.state.begin_change()
-        await self._run_on_pool(pool, argv)
+        try:
+            await self._run_on_pool(pool, argv)
+        except LvmError as e:
+            if e.no_space:
+                raise _no_space(pool.vg.free, src.size) from e
+            raise
         path = f"/dev/{vg}/{name}"
         try:
-            if desired > src.size:
+            if thin and desired > src.size:
                 await self.runner.run("lvresize", "-L", f"{desired}b", f"{vg}/{name}")
             if access == "ro":
                 await self.runner.run("lvchange", "-p", "r", f"{vg}/{name}")
-            else:
+            elif thin:
                 await self.runner.run("lvchange", "-k", "n", "-a", "y", f"{vg}/{name}")
         except LvmError:
             log.warning("snapshot set-up failed; removing it", extra={"lv": name})

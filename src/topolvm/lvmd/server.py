@@ -18,7 +18,9 @@ from topolvm.lvmd.devices import DeviceEvents
 from topolvm.lvmd.lvservice import LVService
 from topolvm.lvmd.state import DEFAULT_REFRESH_INTERVAL, LvmState
 from topolvm.lvmd.vgservice import VGService
+from topolvm.lvmd.volumedata import VolumeDataService
 from topolvm.proto import lvmd_pb2 as pb
+from topolvm.proto import volumedata_pb2
 from topolvm.rpc.health import SERVING, Health
 from topolvm.rpc.transport import Service, UnixClient
 
@@ -65,6 +67,7 @@ class LvmdServer:
         self.state = LvmState(self.runner)
         self.lv = LVService(config, self.state)
         self.vg = VGService(config, self.state)
+        self.data = VolumeDataService(config, self.state)
         self.health = Health()
         self.parts = parts if parts is not None else Parts("lvmd")
         self.device_events: DeviceEvents | None = None
@@ -95,8 +98,9 @@ class LvmdServer:
         await self.open()
         path = self.config.socket_name
         services = pb.DESCRIPTOR.services_by_name
+        data = volumedata_pb2.DESCRIPTOR.services_by_name["VolumeData"]
         served = [Service(services["LVService"], self.lv), Service(services["VGService"], self.vg),
-                  self.health.service()]  # fmt: skip
+                  Service(data, self.data), self.health.service()]  # fmt: skip
         # the socket is 0600 from its creation: only root may drive LVM; in-flight RPCs (and
         # their LVM commands) get SHUTDOWN_GRACE seconds at stop
         await serve_grpc(self.parts, path, served, mode=0o600, grace=SHUTDOWN_GRACE)

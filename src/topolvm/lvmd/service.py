@@ -4,7 +4,10 @@ lookup and the LogicalVolume message."""
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from topolvm.config.lvmd import DeviceClass, LvmdConfig
@@ -36,6 +39,19 @@ def rpc_of(service: str) -> Callable[[F], F]:
     """The decorator of ``service``'s unary methods: errors mapped to gRPC status codes, every
     call logged with its request context and timing."""
     return status.rpc(service, lambda r: status.fields_of(r, _LOGGED), translate)
+
+
+def block_device(path: str) -> tuple[int, int, int] | None:
+    """(major, minor, size in bytes) of an active LV's device node, from stat and sysfs."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISBLK(st.st_mode):
+            return None
+        major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
+        sectors = int(Path(f"/sys/dev/block/{major}:{minor}/size").read_text())
+    except (OSError, ValueError):
+        return None
+    return major, minor, sectors * 512
 
 
 def resolve(config: LvmdConfig, name: str) -> DeviceClass:

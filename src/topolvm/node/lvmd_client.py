@@ -15,6 +15,7 @@ from topolvm.config.lvmd import LvmdConfig
 from topolvm.daemon import Parts
 from topolvm.lvmd.server import LvmdServer, Options
 from topolvm.proto import lvmd_pb2 as pb
+from topolvm.proto import volumedata_pb2 as vd
 from topolvm.rpc.transport import GRPCError, Status, UnixClient
 
 
@@ -37,6 +38,8 @@ class LvmdClient(Protocol):
     async def get_lv_list(self, device_class: str) -> list[pb.LogicalVolume]: ...
     async def get_free_bytes(self, device_class: str) -> int: ...
     def watch(self) -> AsyncIterator[pb.WatchResponse]: ...
+    async def describe_lv(self, name: str, device_class: str) -> vd.DescribeLVResponse: ...
+    def thin_mappings(self, name: str, device_class: str) -> AsyncIterator[tuple[int, int]]: ...
     async def check_health(self) -> None:
         """Raise :class:`LvmdCallError` unless lvmd answers SERVING."""
 
@@ -50,6 +53,11 @@ def _from_rpc_error(e: GRPCError) -> LvmdCallError:
 _LV = pb.DESCRIPTOR.services_by_name["LVService"]
 _VG = pb.DESCRIPTOR.services_by_name["VGService"]
 _HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"]
+_DATA = vd.DESCRIPTOR.services_by_name["VolumeData"]
+
+
+def _ranges(msg: vd.ThinMappingsResponse) -> list[tuple[int, int]]:
+    return list(zip(msg.offsets, msg.lengths, strict=True))
 
 
 class SocketLvmd:
@@ -99,6 +107,20 @@ class SocketLvmd:
         try:
             async for msg in self._client.stream(_VG, "Watch", pb.Empty()):
                 yield msg
+        except GRPCError as e:
+            raise _from_rpc_error(e) from None
+
+    async def describe_lv(self, name: str, device_class: str) -> vd.DescribeLVResponse:
+        req = vd.DescribeLVRequest(name=name, device_class=device_class)
+        reply: vd.DescribeLVResponse = await self._call(_DATA, "DescribeLV", req, self.timeout)
+        return reply
+
+    async def thin_mappings(self, name: str, device_class: str) -> AsyncIterator[tuple[int, int]]:
+        req = vd.ThinMappingsRequest(name=name, device_class=device_class)
+        try:
+            async for msg in self._client.stream(_DATA, "ThinMappings", req):
+                for r in _ranges(msg):
+                    yield r
         except GRPCError as e:
             raise _from_rpc_error(e) from None
 
@@ -162,6 +184,16 @@ class EmbeddedLvmd:
     async def watch(self) -> AsyncIterator[pb.WatchResponse]:
         async for msg in self._server.vg.Watch(pb.Empty(), self._ctx):
             yield msg
+
+    async def describe_lv(self, name: str, device_class: str) -> vd.DescribeLVResponse:
+        req = vd.DescribeLVRequest(name=name, device_class=device_class)
+        return await self._server.data.DescribeLV(req, self._ctx)
+
+    async def thin_mappings(self, name: str, device_class: str) -> AsyncIterator[tuple[int, int]]:
+        req = vd.ThinMappingsRequest(name=name, device_class=device_class)
+        async for msg in self._server.data.ThinMappings(req, self._ctx):
+            for r in _ranges(msg):
+                yield r
 
     async def check_health(self) -> None:
         return None  # in-process: lvmd is up as long as this process is

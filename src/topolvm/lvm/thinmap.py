@@ -1,0 +1,98 @@
+"""A thin volume's mapped blocks, from ``thin_dump`` (pure; thin_dump(8)).
+
+``thin_dump --dev-id N -m <pool>_tmeta`` prints the pool's metadata (from a reserved metadata
+snapshot, so the live pool may go on) as XML, one element a line::
+
+    <superblock uuid="" time="1" transaction="3" ... data_block_size="128" nr_data_blocks="..">
+      <device dev_id="1" mapped_blocks="20" transaction="0" creation_time="0" snap_time="1">
+        <range_mapping origin_begin="0" data_begin="0" length="16" time="0"/>
+        <single_mapping origin_block="20" data_block="30" time="0"/>
+
+Blocks are ``data_block_size`` sectors (512 bytes). :class:`ThinDump` reads those lines one at
+a time and keeps the device's mapped ranges as merged byte ranges, so a fragmented volume costs
+memory per range, not per line.
+"""
+
+from __future__ import annotations
+
+import re
+
+SECTOR = 512
+_ATTR = re.compile(rb'([a-z_]+)="([^"]*)"')
+
+
+class ThinDumpError(ValueError):
+    """thin_dump printed something this parser does not understand."""
+
+
+def _attrs(line: bytes) -> dict[bytes, bytes]:
+    return dict(_ATTR.findall(line))
+
+
+def _int(attrs: dict[bytes, bytes], key: bytes, line: bytes) -> int:
+    try:
+        value = int(attrs[key])
+    except (KeyError, ValueError):
+        raise ThinDumpError(
+            f"thin_dump line without a valid {key.decode()}: {line[:200]!r}"
+        ) from None
+    if value < 0:
+        raise ThinDumpError(f"thin_dump line with a negative {key.decode()}: {line[:200]!r}")
+    return value
+
+
+class ThinDump:
+    """Fed thin_dump's output line by line; :attr:`ranges` are the mapped ``(offset, length)``
+    byte ranges of device ``dev_id``, sorted and merged; :attr:`block_bytes` the pool's chunk."""
+
+    def __init__(self, dev_id: int) -> None:
+        self.dev_id = dev_id
+        self.block_bytes = 0
+        self.ranges: list[tuple[int, int]] = []
+        self.found = False
+        self._inside = False
+
+    def feed(self, line: bytes) -> None:
+        text = line.strip()
+        if not text.startswith(b"<"):
+            if text:
+                raise ThinDumpError(f"unexpected thin_dump output: {text[:200]!r}")
+            return
+        tag = text[1:].split(None, 1)[0].rstrip(b"/>")
+        if tag == b"superblock":
+            self.block_bytes = _int(_attrs(text), b"data_block_size", text) * SECTOR
+        elif tag == b"device":
+            self._inside = _int(_attrs(text), b"dev_id", text) == self.dev_id
+            self.found = self.found or self._inside
+        elif tag == b"/device":
+            self._inside = False
+        elif tag in (b"range_mapping", b"single_mapping") and self._inside:
+            attrs = _attrs(text)
+            if tag == b"range_mapping":
+                begin = _int(attrs, b"origin_begin", text)
+                length = _int(attrs, b"length", text)
+            else:
+                begin, length = _int(attrs, b"origin_block", text), 1
+            self._add(begin, length, text)
+
+    def _add(self, begin: int, length: int, line: bytes) -> None:
+        if not self.block_bytes:
+            raise ThinDumpError("thin_dump printed a mapping before its superblock")
+        offset, size = begin * self.block_bytes, length * self.block_bytes
+        if length <= 0:
+            raise ThinDumpError(f"thin_dump mapping of no blocks: {line[:200]!r}")
+        if self.ranges:
+            last_offset, last_size = self.ranges[-1]
+            end = last_offset + last_size
+            if offset < end:
+                raise ThinDumpError(f"thin_dump mappings out of order at block {begin}")
+            if offset == end:
+                self.ranges[-1] = (last_offset, last_size + size)
+                return
+        self.ranges.append((offset, size))
+
+
+def dm_name(vg: str, lv: str, layer: str = "") -> str:
+    """The device-mapper name LVM gives ``vg/lv`` (dashes doubled, ``-layer`` appended)."""
+    name = f"{vg.replace('-', '--')}-{lv.replace('-', '--')}"
+    return f"{name}-{layer}" if layer else name

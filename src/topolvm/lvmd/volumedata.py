@@ -1,0 +1,138 @@
+"""lvmd's ``topolvm.lvmd.v1.VolumeData``: what the node-to-node copy needs of LVM.
+
+``DescribeLV`` says where a volume's bytes are (its device, size, thin or thick, the thin
+pool's chunk). ``ThinMappings`` says which of a thin volume's blocks its pool maps, so that a
+copy reads only those: it reserves the pool's metadata snapshot (``dmsetup message <pool>-tpool
+0 reserve_metadata_snap``; the pool goes on serving I/O), reads the volume's mappings from it
+with ``thin_dump -m``, and releases it, under lvmd's lock (one reservation per pool can exist,
+and no LVM change runs meanwhile). A reservation left by a killed lvmd is released and made
+again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from topolvm.config.lvmd import DeviceClass, LvmdConfig
+from topolvm.lvm import validate
+from topolvm.lvm.errors import LvmError
+from topolvm.lvm.report import LvRecord, has_cow_snapshot
+from topolvm.lvm.thinmap import ThinDump, ThinDumpError, dm_name
+from topolvm.lvmd.capacity import find_pool
+from topolvm.lvmd.service import block_device, resolve, rpc_of, translate
+from topolvm.lvmd.state import LvmState
+from topolvm.proto import volumedata_pb2 as pb
+from topolvm.rpc import status
+from topolvm.rpc.transport import Context
+
+log = logging.getLogger(__name__)
+SERVICE = "topolvm.lvmd.v1.VolumeData"
+rpc = rpc_of(SERVICE)
+BATCH = 1 << 16  # ranges per streamed message (about 1 MiB)
+
+
+class VolumeDataService:
+    def __init__(self, config: LvmdConfig, state: LvmState):
+        self.config = config
+        self.state = state
+        self.runner = state.runner
+        self._chunks: dict[str, int] = {}  # "vg/pool" -> chunk size: fixed for a pool's life
+
+    async def _find(self, dc: DeviceClass, name: str) -> LvRecord:
+        report = await self.state.fresh()
+        pool = find_pool(report, dc)
+        lv = next((lv for lv in pool.lvs(report) if lv.name == name), None)
+        if lv is None:
+            raise status.NotFound(f"logical volume {name} is not found in device class {dc.name}")
+        return lv
+
+    async def _lv_field(self, full_name: str, field: str) -> int:
+        doc = await self.runner.report("lvs", full_name, "-o", field)
+        try:
+            raw = doc["report"][0]["lv"][0][field]
+            return int(raw)
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise status.Internal(f"lvs printed no {field} for {full_name}: {doc}") from e
+
+    async def _chunk(self, vg: str, pool: str) -> int:
+        key = f"{vg}/{pool}"
+        if key not in self._chunks:
+            self._chunks[key] = await self._lv_field(key, "chunk_size")
+        return self._chunks[key]
+
+    @rpc
+    async def DescribeLV(
+        self, request: pb.DescribeLVRequest, context: Context
+    ) -> pb.DescribeLVResponse:
+        dc = resolve(self.config, request.device_class)
+        report = await self.state.fresh()
+        lv = await self._find(dc, validate.lv_name(request.name))
+        path = f"/dev/{lv.vg_name}/{lv.name}"
+        dev = block_device(path)
+        if dev is None:
+            raise status.FailedPrecondition(f"logical volume {lv.full_name} is not active")
+        chunk = await self._chunk(lv.vg_name, lv.pool_lv) if lv.pool_lv else 0
+        return pb.DescribeLVResponse(path=path, size_bytes=dev[2], thin=bool(lv.pool_lv),
+                                     chunk_bytes=chunk, uuid=lv.uuid,
+                                     cow_origin=has_cow_snapshot(report, lv))  # fmt: skip
+
+    @status.stream_rpc(SERVICE, translate)
+    async def ThinMappings(
+        self, request: pb.ThinMappingsRequest, context: Context
+    ) -> AsyncIterator[pb.ThinMappingsResponse]:
+        dc = resolve(self.config, request.device_class)
+        if not dc.is_thin:
+            raise status.FailedPrecondition(f"device class {dc.name} is not thin")
+        lv = await self._find(dc, validate.lv_name(request.name))
+        dump = await self._dump(lv)
+        ranges = dump.ranges
+        for i in range(0, max(len(ranges), 1), BATCH):
+            part = ranges[i : i + BATCH]
+            yield pb.ThinMappingsResponse(offsets=[o for o, _ in part],
+                                          lengths=[n for _, n in part],
+                                          chunk_bytes=dump.block_bytes)  # fmt: skip
+
+    async def _dump(self, lv: LvRecord) -> ThinDump:
+        dev_id = await self._lv_field(lv.full_name, "thin_id")
+        tpool = dm_name(lv.vg_name, lv.pool_lv, "tpool")
+        tmeta = f"/dev/mapper/{dm_name(lv.vg_name, lv.pool_lv + '_tmeta')}"
+        dump = ThinDump(dev_id)
+        async with self.state.lock:
+            await self._reserve(tpool)
+            try:
+                await self.runner.tool_lines("thin_dump", "--metadata-snap", "--dev-id",
+                                             str(dev_id), tmeta, on_line=dump.feed)  # fmt: skip
+            except ThinDumpError as e:
+                raise status.Internal(f"thin_dump of {lv.full_name}: {e}") from e
+            finally:
+                await self._release(tpool)
+        if not dump.found:
+            raise status.Internal(f"thin_dump has no device {dev_id} ({lv.full_name})")
+        mapped = sum(n for _, n in dump.ranges)
+        ctx = {"lv": lv.full_name, "ranges": len(dump.ranges), "mapped_bytes": mapped}
+        log.info("read thin mappings", extra=ctx)
+        return dump
+
+    async def _reserve(self, tpool: str) -> None:
+        try:
+            await self.runner.run_tool("dmsetup", "message", tpool, "0", "reserve_metadata_snap")
+        except LvmError as first:
+            # a reservation an earlier, killed lvmd left: release it and take it again
+            log.warning("releasing a metadata snapshot left reserved",
+                        extra={"pool": tpool, "stderr": first.stderr})  # fmt: skip
+            try:
+                await self._release(tpool)
+                await self.runner.run_tool("dmsetup", "message", tpool, "0",
+                                           "reserve_metadata_snap")  # fmt: skip
+            except LvmError as e:
+                raise status.Unavailable(
+                    f"cannot reserve the metadata snapshot of {tpool}: {e}"
+                ) from first
+
+    async def _release(self, tpool: str) -> None:
+        try:
+            await self.runner.run_tool("dmsetup", "message", tpool, "0", "release_metadata_snap")
+        except LvmError as e:
+            log.warning("could not release the metadata snapshot",
+                        extra={"pool": tpool, "stderr": e.stderr})  # fmt: skip

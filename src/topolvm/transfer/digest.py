@@ -1,0 +1,100 @@
+"""The whole-volume digest (pure): a hash chain over the volume's 1 MiB segments.
+
+``c0 = BLAKE2b-256("topolvm-transfer-v1" || size)``; for each segment ``i`` in order,
+``c(i+1) = BLAKE2b-256(c(i) || XXH3-128(segment i))``. The digest is ``c(n)``. Both sides
+compute it, the sender over what it read and the receiver over what it wrote, however the
+records split the volume. The chain's value is 32 bytes, so a checkpoint (offset and value, at
+a segment boundary) is all a restarted receiver needs to go on from there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import xxhash
+
+from topolvm.transfer.wire import SEGMENT
+
+_DOMAIN = b"topolvm-transfer-v1"
+_ZEROS = bytes(SEGMENT)
+ZERO_SEGMENT = xxhash.xxh3_128_digest(_ZEROS)
+
+
+def initial(size: int) -> bytes:
+    return hashlib.blake2b(_DOMAIN + size.to_bytes(8, "big"), digest_size=32).digest()
+
+
+def _chain(state: bytes, segment_hash: bytes) -> bytes:
+    return hashlib.blake2b(state + segment_hash, digest_size=32).digest()
+
+
+class VolumeDigest:
+    """Fed the volume's bytes in order from ``start`` (a segment boundary, with ``state`` the
+    chain's value there; ``None`` means the volume's start)."""
+
+    def __init__(self, size: int, start: int = 0, state: bytes | None = None) -> None:
+        if start % SEGMENT and start != size:
+            raise ValueError(f"a digest resumes at a segment boundary, not {start}")
+        if not 0 <= start <= size:
+            raise ValueError(f"start {start} is outside the volume (size {size})")
+        self.size = size
+        self.position = start
+        self._state = initial(size) if state is None else state
+        if len(self._state) != 32:
+            raise ValueError("a digest state is 32 bytes")
+        self._segment = xxhash.xxh3_128()
+
+    @property
+    def at_boundary(self) -> bool:
+        return self.position % SEGMENT == 0 or self.position == self.size
+
+    @property
+    def state(self) -> bytes:
+        """The chain's value at :attr:`position`, which must be a segment boundary."""
+        if not self.at_boundary:
+            raise ValueError(f"offset {self.position} is not a segment boundary")
+        return self._state
+
+    def _check(self, offset: int, length: int) -> None:
+        if offset != self.position:
+            raise ValueError(f"digest fed at {offset}, expected {self.position}")
+        if length < 0 or offset + length > self.size:
+            raise ValueError(f"{offset}+{length} is past the volume's end ({self.size})")
+
+    def _segment_end(self) -> int:
+        return min((self.position // SEGMENT + 1) * SEGMENT, self.size)
+
+    def _close_if_full(self) -> None:
+        if self.position == self._segment_end() or self.position % SEGMENT == 0:
+            self._state = _chain(self._state, self._segment.digest())
+            self._segment.reset()
+
+    def feed_data(self, offset: int, data: bytes | memoryview) -> None:
+        self._check(offset, len(data))
+        view = memoryview(data)
+        while view:
+            take = min(len(view), self._segment_end() - self.position)
+            self._segment.update(view[:take])
+            view = view[take:]
+            self.position += take
+            self._close_if_full()
+
+    def feed_zero(self, offset: int, length: int) -> None:
+        self._check(offset, length)
+        end = offset + length
+        while self.position < end:
+            seg_end = self._segment_end()
+            take = min(end, seg_end) - self.position
+            whole = self.position % SEGMENT == 0 and take == SEGMENT
+            if whole:  # most zero runs: a whole segment at once, its hash known
+                self._state = _chain(self._state, ZERO_SEGMENT)
+                self.position += take
+                continue
+            self._segment.update(_ZEROS[:take])
+            self.position += take
+            self._close_if_full()
+
+    def final(self) -> bytes:
+        if self.position != self.size:
+            raise ValueError(f"digest of {self.position} bytes of a {self.size}-byte volume")
+        return self._state

@@ -1,0 +1,113 @@
+"""The control frames' payloads (pure): JSON decoded by msgspec into frozen structs whose
+shapes and bounds are checked on decode. Anything else is a :class:`ProtocolError`."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, TypeVar
+
+import msgspec
+
+from topolvm.transfer.errors import ProtocolError
+from topolvm.transfer.wire import MAX_VOLUME, Kind
+
+VERSION = 1
+Offset = Annotated[int, msgspec.Meta(ge=0, lt=MAX_VOLUME)]
+Count = Annotated[int, msgspec.Meta(ge=0, lt=1 << 62)]
+Hex256 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+# a Kubernetes object name (DNS subdomain) and UID
+ObjectName = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+]
+Uid = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-"
+                                          r"[0-9a-f]{12}$")]  # fmt: skip
+Token = Annotated[str, msgspec.Meta(min_length=1, max_length=16384)]
+Text = Annotated[str, msgspec.Meta(max_length=4096)]
+Grid = Annotated[int, msgspec.Meta(ge=1 << 20, le=1 << 40)]
+
+
+class _Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    pass
+
+
+class Resume(_Message, frozen=True):
+    """Where a receiver goes on from: its last durable checkpoint, and the source it was
+    copying then (a resume against another source starts over)."""
+
+    offset: Offset
+    digest: Hex256
+    source_uid: Uid
+
+
+class Hello(_Message, frozen=True):
+    """The receiver's first frame: who it is (a ServiceAccount token for the transfer's
+    audience) and which job it asks for: the target LogicalVolume, by name and UID."""
+
+    version: int
+    token: Token
+    job: ObjectName
+    job_uid: Uid
+    resume: Resume | None = None
+
+
+class Accept(_Message, frozen=True):
+    """The sender took the job: it streams the source's ``size`` bytes from ``offset``.
+    Checkpoints fall on multiples of ``grid`` (the segment and the thin chunk)."""
+
+    size: Offset
+    offset: Offset
+    grid: Grid
+    source_uid: Uid
+    source: Text
+
+
+class Refuse(_Message, frozen=True):
+    reason: Literal["unauthenticated", "forbidden", "unknown-job", "replayed", "busy",
+                    "invalid", "unavailable"]  # fmt: skip
+    message: Text
+
+
+class Ack(_Message, frozen=True):
+    """The receiver's durable checkpoint: everything before ``offset`` is written and synced,
+    and the digest chain there is ``digest``."""
+
+    offset: Offset
+    digest: Hex256
+
+
+class End(_Message, frozen=True):
+    """The last record: what was sent since ACCEPT, and the whole-volume digest."""
+
+    data_records: Count
+    zero_records: Count
+    data_bytes: Count
+    zero_bytes: Count
+    digest: Hex256
+
+
+class Fail(_Message, frozen=True):
+    message: Text
+
+
+Message = Hello | Accept | Refuse | Ack | End | Fail
+KIND_OF: dict[type[Message], Kind] = {
+    Hello: Kind.HELLO, Accept: Kind.ACCEPT, Refuse: Kind.REFUSE, Ack: Kind.ACK, End: Kind.END,
+    Fail: Kind.FAIL,
+}  # fmt: skip
+TYPE_OF = {kind: t for t, kind in KIND_OF.items()}
+M = TypeVar("M", bound=_Message)
+_encoder = msgspec.json.Encoder()
+
+
+def encode(message: Message) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode(kind: Kind, payload: bytes | memoryview, expected: type[M]) -> M:
+    """The payload of a ``kind`` frame as ``expected``; a frame of another kind, or a payload
+    that does not fit, is a :class:`ProtocolError`."""
+    if TYPE_OF.get(kind) is not expected:
+        raise ProtocolError(f"expected {KIND_OF[expected].name}, got {kind.name}")  # type: ignore[index]
+    try:
+        return msgspec.json.decode(payload, type=expected)
+    except msgspec.DecodeError as e:  # ValidationError is a DecodeError
+        raise ProtocolError(f"malformed {kind.name}: {e}") from None

@@ -1,0 +1,74 @@
+"""What the sender reads (pure): the volume from a start offset as READ and ZERO pieces.
+
+A thin source is read only where its pool maps blocks (``mapped``: sorted ``(offset, length)``
+byte ranges from lvmd, at the pool's chunk granularity); its unmapped ranges read as zeros and
+travel as ZERO records without being read. A thick source has no map and is read whole; the
+sender turns each read that is all zeros into a ZERO record. READ pieces never cross a segment
+boundary, so each becomes one DATA record.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from topolvm.transfer.wire import SEGMENT
+
+
+@dataclass(frozen=True)
+class Piece:
+    read: bool  # False: zeros, not read
+    offset: int
+    length: int
+
+
+def grid(chunk: int) -> int:
+    """Checkpoints (resume points) fall on multiples of this: a segment boundary (for the
+    digest) that is also a thin chunk boundary of the target (so that no chunk is half done
+    when a copy resumes). ``chunk`` 0: no thin target."""
+    return SEGMENT if chunk <= 0 else math.lcm(SEGMENT, chunk)
+
+
+def _reads(offset: int, end: int) -> Iterator[Piece]:
+    while offset < end:
+        stop = min(end, (offset // SEGMENT + 1) * SEGMENT)
+        yield Piece(True, offset, stop - offset)
+        offset = stop
+
+
+def full(size: int, start: int = 0) -> Iterator[Piece]:
+    """Every byte from ``start``, read in segment pieces."""
+    return _reads(start, size)
+
+
+def mapped(size: int, ranges: Iterable[tuple[int, int]], start: int = 0) -> Iterator[Piece]:
+    """The mapped ``ranges`` from ``start`` as READ pieces, the gaps between them as ZERO.
+    Ranges must be sorted and must not overlap; parts past ``size`` are dropped."""
+    pos = start
+    last_end = 0
+    for offset, length in ranges:
+        if length <= 0 or offset < last_end:
+            raise ValueError(f"mapped ranges must be sorted and disjoint: {offset}+{length}")
+        last_end = offset + length
+        begin, end = max(offset, pos), min(offset + length, size)
+        if begin >= end:
+            continue
+        if begin > pos:
+            yield Piece(False, pos, begin - pos)
+        yield from _reads(begin, end)
+        pos = end
+    if pos < size:
+        yield Piece(False, pos, size - pos)
+
+
+def merge(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted, touching or overlapping ranges joined."""
+    out: list[tuple[int, int]] = []
+    for offset, length in sorted(ranges):
+        if out and offset <= out[-1][0] + out[-1][1]:
+            first, first_len = out[-1]
+            out[-1] = (first, max(first_len, offset + length - first))
+        else:
+            out.append((offset, length))
+    return out
