@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tests.fuzz_helpers import fuzz as fuzz_settings
 from topolvm.transfer import digest, messages, plan, wire
 from topolvm.transfer.errors import ChecksumMismatch, ProtocolError
-from topolvm.transfer.sparse import SparseTarget
+from topolvm.transfer.sparse import Op, SparseTarget
 
 SEG = wire.SEGMENT
 fuzz = fuzz_settings(150)
@@ -152,7 +152,7 @@ def test_a_thin_plan_reads_exactly_the_mapped_ranges_and_covers_the_rest_with_ze
     start = min(start_seg * SEG, size)
     pieces = list(plan.mapped(size, mapped, start))
     pos = start
-    read = set()
+    read: set[int] = set()
     for p in pieces:
         assert p.offset == pos and p.length > 0
         pos += p.length
@@ -164,7 +164,7 @@ def test_a_thin_plan_reads_exactly_the_mapped_ranges_and_covers_the_rest_with_ze
     assert read == {b for b in wanted if start // 4096 <= b < -(-size // 4096)}
 
 
-def _apply(target: bytearray, ops: list, source: bytes, chunk: int, allocated: set[int]) -> None:
+def _apply(target: bytearray, ops: list[Op], source: bytes, chunk: int, allocated: set[int]) -> None:
     for op in ops:
         if chunk:  # a thin target: a chunk gets allocated (with old bytes) on its first write
             for c in range(op.offset // chunk, (op.offset + op.length - 1) // chunk + 1):

@@ -10,6 +10,7 @@ a segment boundary) is all a restarted receiver needs to go on from there.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 
 import xxhash
 
@@ -43,6 +44,9 @@ class VolumeDigest:
         if len(self._state) != 32:
             raise ValueError("a digest state is 32 bytes")
         self._segment = xxhash.xxh3_128()
+        # called with (offset, state) at every segment boundary passed: the sender keeps the
+        # recent ones to check a receiver's checkpoints against
+        self.on_boundary: Callable[[int, bytes], None] | None = None
 
     @property
     def at_boundary(self) -> bool:
@@ -64,9 +68,14 @@ class VolumeDigest:
     def _segment_end(self) -> int:
         return min((self.position // SEGMENT + 1) * SEGMENT, self.size)
 
+    def _step(self, segment_hash: bytes) -> None:
+        self._state = _chain(self._state, segment_hash)
+        if self.on_boundary is not None:
+            self.on_boundary(self.position, self._state)
+
     def _close_if_full(self) -> None:
         if self.position == self._segment_end() or self.position % SEGMENT == 0:
-            self._state = _chain(self._state, self._segment.digest())
+            self._step(self._segment.digest())
             self._segment.reset()
 
     def feed_data(self, offset: int, data: bytes | memoryview) -> None:
@@ -87,8 +96,8 @@ class VolumeDigest:
             take = min(end, seg_end) - self.position
             whole = self.position % SEGMENT == 0 and take == SEGMENT
             if whole:  # most zero runs: a whole segment at once, its hash known
-                self._state = _chain(self._state, ZERO_SEGMENT)
                 self.position += take
+                self._step(ZERO_SEGMENT)
                 continue
             self._segment.update(_ZEROS[:take])
             self.position += take

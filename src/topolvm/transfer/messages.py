@@ -22,7 +22,6 @@ Uid = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}
                                           r"[0-9a-f]{12}$")]  # fmt: skip
 Token = Annotated[str, msgspec.Meta(min_length=1, max_length=16384)]
 Text = Annotated[str, msgspec.Meta(max_length=4096)]
-Grid = Annotated[int, msgspec.Meta(ge=1 << 20, le=1 << 40)]
 
 
 class _Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -50,14 +49,14 @@ class Hello(_Message, frozen=True):
 
 
 class Accept(_Message, frozen=True):
-    """The sender took the job: it streams the source's ``size`` bytes from ``offset``.
-    Checkpoints fall on multiples of ``grid`` (the segment and the thin chunk)."""
+    """The sender took the job: it streams the source's ``size`` bytes from ``offset`` (the
+    receiver's checkpoint, or 0 with ``note`` saying why it starts over)."""
 
     size: Offset
     offset: Offset
-    grid: Grid
     source_uid: Uid
     source: Text
+    note: Text = ""
 
 
 class Refuse(_Message, frozen=True):

@@ -1,0 +1,87 @@
+"""Blocking I/O on a volume's device node (run in the transfer's worker threads).
+
+Reads and writes go through the page cache, which each side drops behind itself
+(``POSIX_FADV_DONTNEED``) so a copy does not push the node's working set out. Zeroing uses
+``BLKZEROOUT`` on a block device (the kernel writes zeros, or unmaps where that reads as zeros),
+and plain writes on a regular file (the host tests' stand-in).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+import struct
+
+from topolvm.transfer.errors import SourceFailed, TargetFailed
+
+BLKZEROOUT = 0x127F  # _IO(0x12, 127)
+_ZEROS = bytes(1 << 20)
+
+
+class Volume:
+    """An open device node (or file): ``writable`` for a copy's target."""
+
+    def __init__(self, path: str, *, writable: bool) -> None:
+        flags = (os.O_WRONLY if writable else os.O_RDONLY) | os.O_CLOEXEC
+        error = TargetFailed if writable else SourceFailed
+        try:
+            self.fd = os.open(path, flags)
+            self.block = stat.S_ISBLK(os.fstat(self.fd).st_mode)
+        except OSError as e:
+            raise error(f"cannot open {path}: {e.strerror}") from e
+        self.path = path
+        self._error = error
+        self._dropped = 0  # the page cache is dropped up to here
+        if not writable:
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def read_into(self, view: memoryview, offset: int) -> None:
+        """Fill ``view`` from ``offset``; a short read (the volume shrank?) is an error."""
+        done = 0
+        while done < len(view):
+            try:
+                n = os.preadv(self.fd, [view[done:]], offset + done)
+            except OSError as e:
+                raise SourceFailed(f"read of {self.path} at {offset + done}: {e.strerror}") from e
+            if n == 0:
+                raise SourceFailed(f"{self.path} ends at {offset + done}, before the volume's end")
+            done += n
+        self._drop(offset + done)
+
+    def write(self, data: memoryview, offset: int) -> None:
+        done = 0
+        while done < len(data):
+            try:
+                done += os.pwritev(self.fd, [data[done:]], offset + done)
+            except OSError as e:
+                raise TargetFailed(f"write to {self.path} at {offset + done}: {e.strerror}") from e
+
+    def zero(self, offset: int, length: int) -> None:
+        if self.block:
+            try:
+                fcntl.ioctl(self.fd, BLKZEROOUT, struct.pack("=QQ", offset, length))
+                return
+            except OSError as e:
+                raise TargetFailed(f"zeroing {self.path} {offset}+{length}: {e.strerror}") from e
+        end = offset + length
+        while offset < end:
+            n = min(len(_ZEROS), end - offset)
+            self.write(memoryview(_ZEROS)[:n], offset)
+            offset += n
+
+    def sync(self, upto: int) -> None:
+        """Make what was written durable (fdatasync), then drop it from the page cache."""
+        try:
+            os.fdatasync(self.fd)
+        except OSError as e:
+            raise TargetFailed(f"fdatasync of {self.path}: {e.strerror}") from e
+        self._drop(upto)
+
+    def _drop(self, upto: int) -> None:
+        if upto - self._dropped >= 64 << 20:
+            os.posix_fadvise(self.fd, self._dropped, upto - self._dropped, os.POSIX_FADV_DONTNEED)
+            self._dropped = upto

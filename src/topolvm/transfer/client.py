@@ -1,0 +1,131 @@
+"""The receiver: fills a target volume from a sender's transfer port (blocking; run in a
+worker thread by the node's copy jobs).
+
+It connects, checks the sender's certificate against the fingerprint the sender's Node
+publishes before it says anything, sends its HELLO (token, job, checkpoint), and writes what
+comes. At each checkpoint the target is synced and ``persist`` records the point (the node
+writes it to the LogicalVolume's status) before the sender hears of it: a checkpoint the
+sender knows is always durable. After END the counts and the whole-volume digest are checked;
+the final acknowledgement tells the sender the copy is complete.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from topolvm.transfer import messages, wire
+from topolvm.transfer.blockio import Volume
+from topolvm.transfer.conn import Conn, raise_if_refused
+from topolvm.transfer.errors import ConnectionLost, ProtocolError, TargetFailed, Unreachable
+from topolvm.transfer.jobs import VolumeInfo
+from topolvm.transfer.pipeline import RecordSink
+from topolvm.transfer.tls import check_peer, client_context
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A durable point of a copy: everything before ``offset`` is written and synced, the
+    digest chain there is ``digest``, read from the source LogicalVolume ``source_uid``."""
+
+    offset: int
+    digest: bytes
+    source_uid: str
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    node: str
+    host: str
+    port: int
+    fingerprint: str
+
+
+@dataclass
+class Outcome:
+    accept: messages.Accept
+    digest: bytes
+    data_bytes: int  # DATA payload received in this connection
+    zero_bytes: int
+
+
+Persist = Callable[[Checkpoint], None]
+Progress = Callable[[int, int, int], None]  # position, size, data bytes received so far
+
+
+def connect(endpoint: Endpoint, timeout: float) -> Conn:
+    try:
+        raw = socket.create_connection((endpoint.host, endpoint.port), timeout=timeout)
+    except OSError as e:
+        raise Unreachable(
+            f"node {endpoint.node}'s transfer port {endpoint.host}:{endpoint.port}: {e}"
+        ) from e
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    try:
+        sock = client_context().wrap_socket(raw)
+    except OSError as e:
+        raw.close()
+        raise Unreachable(f"TLS with node {endpoint.node} ({endpoint.host}): {e}") from e
+    conn = Conn(sock, f"{endpoint.node} ({endpoint.host}:{endpoint.port})")
+    try:
+        check_peer(sock, endpoint.fingerprint, endpoint.node)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def receive(
+    endpoint: Endpoint, hello: messages.Hello, target: VolumeInfo, persist: Persist,
+    progress: Progress, stop: threading.Event, timeout: float,
+) -> Outcome:  # fmt: skip
+    conn = connect(endpoint, timeout)
+    try:
+        conn.send_message(hello)
+        accept = conn.recv_message(messages.Accept)
+        return _fill(conn, hello, accept, target, persist, progress, stop)
+    finally:
+        conn.close()
+
+
+def _fill(
+    conn: Conn, hello: messages.Hello, accept: messages.Accept, target: VolumeInfo,
+    persist: Persist, progress: Progress, stop: threading.Event,
+) -> Outcome:  # fmt: skip
+    if accept.size > target.size:
+        raise TargetFailed(f"the source has {accept.size} bytes, the target only {target.size}")
+    resume = hello.resume
+    if accept.offset and (resume is None or accept.offset != resume.offset):
+        raise ProtocolError(f"ACCEPT at {accept.offset}, which was not asked for")
+    state = bytes.fromhex(resume.digest) if resume is not None and accept.offset else None
+
+    def checkpoint(offset: int, digest: bytes) -> None:
+        persist(Checkpoint(offset, digest, accept.source_uid))
+        conn.send_message(messages.Ack(offset=offset, digest=digest.hex()))
+
+    volume = Volume(target.path, writable=True)
+    try:
+        sink = RecordSink(volume, accept.size, target.size, target.chunk, checkpoint,
+                          accept.offset, state)  # fmt: skip
+        sink.on_progress = lambda position: progress(position, accept.size, sink.counts.data_bytes)
+        payload = memoryview(bytearray(wire.SEGMENT))
+        while True:
+            if stop.is_set():
+                raise ConnectionLost("the copy was stopped")
+            header, body = conn.recv(payload)
+            if header.kind is wire.Kind.DATA:
+                sink.data(header.offset, body)
+            elif header.kind is wire.Kind.ZERO:
+                sink.zero(header.offset, header.length)
+            elif header.kind is wire.Kind.END:
+                end = messages.decode(header.kind, body, messages.End)
+                digest = sink.end(end, sink.counts)  # synced: the copy is complete
+                conn.send_message(messages.Ack(offset=accept.size, digest=digest.hex()))
+                return Outcome(accept, digest, sink.counts.data_bytes, sink.counts.zero_bytes)
+            else:
+                raise_if_refused(header, body)
+                raise ProtocolError(f"unexpected {header.kind.name} in the stream")
+    finally:
+        volume.close()

@@ -1,0 +1,59 @@
+"""What the transfer's two ends are given by the node: the volumes it reads and writes (through
+lvmd), the job a sender authorised, and the limits every copy of a node shares."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from topolvm.transfer import messages
+
+
+@dataclass(frozen=True)
+class VolumeInfo:
+    """Where a volume's bytes are (lvmd's DescribeLV)."""
+
+    path: str
+    size: int
+    thin: bool
+    chunk: int  # the thin pool's chunk size; 0 for thick
+    uuid: str
+
+
+class Volumes(Protocol):
+    async def describe(self, name: str, device_class: str) -> VolumeInfo: ...
+
+    async def mapped(self, name: str, device_class: str) -> list[tuple[int, int]] | None:
+        """A thin volume's mapped byte ranges; None when they cannot be known (an lvmd
+        without VolumeData, no thin_dump): the volume is then read whole."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """A copy a sender authorised: the target LogicalVolume (``target``, UID ``uid``) on
+    ``target_node`` is filled from this node's ``volume`` (an LV of ``device_class``), the
+    source LogicalVolume of UID ``source_uid``."""
+
+    uid: str
+    target: str
+    target_node: str
+    volume: str
+    device_class: str
+    source_uid: str
+    source: str  # the source LogicalVolume's name, for logs and status
+
+
+Authorise = Callable[[messages.Hello], Awaitable[Job]]
+"""Checks a HELLO (its token, its job); raises :class:`~.errors.Refused` with the reason."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per node: ``concurrency`` copies at once in each direction, ``bandwidth`` bytes per
+    second per copy (0: no cap), ``io_timeout`` seconds without a byte before a connection is
+    given up."""
+
+    concurrency: int = 2
+    bandwidth: int = 0
+    io_timeout: float = 30.0

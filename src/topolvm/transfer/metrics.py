@@ -1,0 +1,63 @@
+"""The transfer's Prometheus metrics, on topolvm-node's ``/metrics`` (docs/transfer.md)."""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class TransferMetrics:
+    def __init__(self, registry: CollectorRegistry | None, node: str) -> None:
+        self.node = node
+        self.data_bytes = Counter(
+            "topolvm_transfer_data_bytes", "Bytes of volume data that travelled in DATA records.",
+            ["node", "role"], registry=registry,
+        )  # fmt: skip
+        self.zero_bytes = Counter(
+            "topolvm_transfer_zero_bytes",
+            "Bytes of volume covered by ZERO records (zeros, or a thin volume's unmapped "
+            "blocks): not read, not sent.", ["node", "role"], registry=registry,
+        )  # fmt: skip
+        self.active = Gauge(
+            "topolvm_transfer_copies_active",
+            "Copies running now.",
+            ["node", "role"],
+            registry=registry,
+        )
+        self.finished = Counter(
+            "topolvm_transfer_copies", "Copies (connections, for the sender) that ended.",
+            ["node", "role", "result"], registry=registry,
+        )  # fmt: skip
+        self.refusals = Counter(
+            "topolvm_transfer_refusals", "Connections the sender refused, by reason.",
+            ["node", "reason"], registry=registry,
+        )  # fmt: skip
+        self.progress = Gauge(
+            "topolvm_transfer_copy_done_bytes", "How far a copy this node receives has come.",
+            ["node", "logicalvolume"], registry=registry,
+        )  # fmt: skip
+        self.total = Gauge(
+            "topolvm_transfer_copy_total_bytes", "The size of a copy this node receives.",
+            ["node", "logicalvolume"], registry=registry,
+        )  # fmt: skip
+        self.rate = Gauge(
+            "topolvm_transfer_copy_rate_bytes_per_second",
+            "A copy's recent rate through the volume.", ["node", "logicalvolume"], registry=registry,
+        )  # fmt: skip
+
+    def moved(self, role: str, data: int, zero: int) -> None:
+        if data:
+            self.data_bytes.labels(self.node, role).inc(data)
+        if zero:
+            self.zero_bytes.labels(self.node, role).inc(zero)
+
+    def job(self, lv: str, done: int, total: int, rate: float) -> None:
+        self.progress.labels(self.node, lv).set(done)
+        self.total.labels(self.node, lv).set(total)
+        self.rate.labels(self.node, lv).set(rate)
+
+    def job_ended(self, lv: str) -> None:
+        for gauge in (self.progress, self.total, self.rate):
+            with contextlib.suppress(KeyError):
+                gauge.remove(self.node, lv)

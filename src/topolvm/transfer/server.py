@@ -1,0 +1,300 @@
+"""The sender: topolvm-node's transfer port (docs/transfer.md).
+
+A connection is TLS from its first byte. The receiver's HELLO names the job (the target
+LogicalVolume) and carries its ServiceAccount token; the node's ``authorise`` checks both
+(TokenReview, the job's objects) before anything about a volume is read or said. Then the
+source is streamed from the start, or from the receiver's checkpoint: a resume is checked
+against the job the sender authorised (the same source, a segment boundary inside the volume,
+and, while this process remembers the job, no further than it sent and with the digest chain it
+computed there); one that fails a check starts over from zero rather than trusting it.
+
+The handshake, the stream and the receiver's acknowledgements run in worker threads on
+blocking sockets (no event-loop hop per record); the loop only accepts, authorises and keeps
+count. At most ``limits.concurrency`` jobs stream at once; more are refused as ``busy`` and
+the receivers come back later. A job connecting again (after a cut link) replaces its
+earlier stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from topolvm.transfer import messages, plan, wire
+from topolvm.transfer.blockio import Volume
+from topolvm.transfer.conn import Conn
+from topolvm.transfer.errors import DigestMismatch, ProtocolError, Refused, TransferError
+from topolvm.transfer.jobs import Authorise, Limits, VolumeInfo, Volumes
+from topolvm.transfer.metrics import TransferMetrics
+from topolvm.transfer.pipeline import RecordSource, Throttle
+from topolvm.transfer.tls import server_context
+
+log = logging.getLogger(__name__)
+HANDSHAKE_TIMEOUT = 10.0
+REMEMBERED_JOBS = 256
+REMEMBERED_BOUNDARIES = 4096  # per job: about 4 GiB of stream past its last acknowledgement
+
+
+@dataclass
+class JobMemory:
+    """What this process knows of a job's stream: the source it read, how far it sent, the
+    digest chain at the segment boundaries past the last checkpoint the receiver confirmed."""
+
+    source_uid: str
+    sent_until: int = 0
+    boundaries: OrderedDict[int, bytes] = field(default_factory=OrderedDict)
+
+    def passed(self, offset: int, state: bytes) -> None:
+        self.boundaries[offset] = state
+        self.sent_until = max(self.sent_until, offset)
+        while len(self.boundaries) > REMEMBERED_BOUNDARIES:
+            self.boundaries.popitem(last=False)
+
+    def confirmed(self, offset: int, state: bytes) -> None:
+        """The receiver's checkpoint: it must match the chain sent there."""
+        known = self.boundaries.get(offset)
+        if known is not None and known != state:
+            raise DigestMismatch(
+                f"the receiver's checkpoint at {offset} differs from what was sent"
+            )
+        for old in [k for k in self.boundaries if k < offset]:
+            del self.boundaries[old]
+
+
+def _checked(
+    resume: messages.Resume, size: int, memory: JobMemory | None
+) -> tuple[int, bytes | None, str]:
+    offset, state = resume.offset, bytes.fromhex(resume.digest)
+    if offset % wire.SEGMENT or offset > size:
+        return 0, None, f"checkpoint {offset} is not a segment boundary of the volume"
+    if memory is not None:
+        if offset > memory.sent_until:
+            return 0, None, f"checkpoint {offset} is past what was sent ({memory.sent_until})"
+        known = memory.boundaries.get(offset)
+        if known is not None and known != state:
+            return 0, None, f"checkpoint {offset} does not match what was sent there"
+    return offset, state, ""
+
+
+class TransferServer:
+    def __init__(
+        self, node: str, authorise: Authorise, volumes: Volumes, limits: Limits,
+        metrics: TransferMetrics,
+    ) -> None:  # fmt: skip
+        self.node = node
+        self.authorise = authorise
+        self.volumes = volumes
+        self.limits = limits
+        self.metrics = metrics
+        self.ssl, self.fingerprint = server_context(node)
+        self._pool = ThreadPoolExecutor(max_workers=4 * limits.concurrency + 4,
+                                        thread_name_prefix="transfer-send")  # fmt: skip
+        self._listener: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._streams: dict[str, tuple[threading.Event, asyncio.Future[Any]]] = {}
+        self._memory: OrderedDict[str, JobMemory] = OrderedDict()
+
+    @property
+    def port(self) -> int:
+        assert self._listener is not None
+        return int(self._listener.getsockname()[1])
+
+    async def start(self, host: str, port: int) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(64)
+        sock.setblocking(False)
+        self._listener = sock
+        self._accepting = asyncio.create_task(self._accept_loop(), name="transfer-accept")
+
+    async def stop(self) -> None:
+        if self._accepting is not None:
+            self._accepting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._accepting
+        if self._listener is not None:
+            self._listener.close()
+        for stop, _ in self._streams.values():
+            stop.set()
+        for task in list(self._handlers):
+            task.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _accept_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._listener is not None
+        while True:
+            raw, addr = await loop.sock_accept(self._listener)
+            task = asyncio.create_task(self._serve(raw, f"{addr[0]}:{addr[1]}"))
+            self._handlers.add(task)
+            task.add_done_callback(self._handlers.discard)
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def _handshake(self, raw: socket.socket, peer: str) -> tuple[Conn, messages.Hello]:
+        raw.setblocking(True)
+        raw.settimeout(HANDSHAKE_TIMEOUT)
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        try:
+            sock = self.ssl.wrap_socket(raw, server_side=True)
+        except OSError as e:
+            raw.close()
+            raise ProtocolError(f"{peer}: TLS handshake failed: {e}") from e
+        conn = Conn(sock, peer)
+        try:
+            hello = conn.recv_message(messages.Hello)
+        except BaseException:
+            conn.close()
+            raise
+        sock.settimeout(self.limits.io_timeout)
+        return conn, hello
+
+    async def _serve(self, raw: socket.socket, peer: str) -> None:
+        try:
+            conn, hello = await self._run(self._handshake, raw, peer)
+        except TransferError as e:
+            log.warning("transfer connection dropped", extra={"peer": peer, "error": str(e)})
+            return
+        try:
+            await self._answer(conn, hello)
+        except Refused as r:
+            self.metrics.refusals.labels(self.node, r.reason).inc()
+            ctx = {"peer": peer, "job": hello.job, "reason": r.reason, "error": r.message}
+            log.warning("transfer refused", extra=ctx)
+            refusal = messages.Refuse(reason=r.reason, message=r.message[:4000])  # type: ignore[arg-type]
+            with contextlib.suppress(TransferError):
+                await self._run(conn.send_message, refusal)
+        finally:
+            conn.close()
+
+    async def _answer(self, conn: Conn, hello: messages.Hello) -> None:
+        job = await self.authorise(hello)
+        ctx = {
+            "peer": conn.peer,
+            "job": job.target,
+            "source": job.source,
+            "target_node": job.target_node,
+        }
+        if hello.version != messages.VERSION:
+            raise Refused(
+                "invalid", f"protocol version {hello.version}, this node speaks {messages.VERSION}"
+            )
+        earlier = self._streams.get(job.uid)
+        if earlier is not None:  # the same job again: its old connection is gone (a cut link)
+            earlier[0].set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(earlier[1]), self.limits.io_timeout + 5)
+        if len(self._streams) >= self.limits.concurrency:
+            raise Refused("busy", f"node {self.node} sends {len(self._streams)} copies already")
+        try:
+            info = await self.volumes.describe(job.volume, job.device_class)
+            mapped = await self.volumes.mapped(job.volume, job.device_class) if info.thin else None
+        except TransferError as e:
+            raise Refused("unavailable", f"the source cannot be read now: {e}") from e
+        memory = self._memory.get(job.uid)
+        if memory is not None and memory.source_uid != job.source_uid:
+            memory = None
+        start, state, note = 0, None, ""
+        if hello.resume is not None:
+            if hello.resume.source_uid != job.source_uid:
+                note = "the source changed since the copy began: starting over"
+            else:
+                start, state, note = _checked(hello.resume, info.size, memory)
+        if memory is None:
+            memory = JobMemory(job.source_uid)
+        self._memory[job.uid] = memory
+        self._memory.move_to_end(job.uid)
+        while len(self._memory) > REMEMBERED_JOBS:
+            self._memory.popitem(last=False)
+        kind = (
+            "thin, its mapped blocks"
+            if mapped is not None
+            else "thick"
+            if not info.thin
+            else "thin, whole"
+        )
+        described = f"{job.source} on {self.node} ({kind})"
+        accept = messages.Accept(size=info.size, offset=start, source_uid=job.source_uid,
+                                 source=described, note=note)  # fmt: skip
+        log.info(
+            "transfer accepted", extra={**ctx, "offset": start, "size": info.size, "note": note}
+        )
+        stop = threading.Event()
+        future = asyncio.get_running_loop().run_in_executor(
+            self._pool, self._stream, conn, info, mapped, accept, state, memory, stop
+        )
+        self._streams[job.uid] = (stop, future)
+        self.metrics.active.labels(self.node, "sender").inc()
+        result = "failed"
+        try:
+            await asyncio.shield(future)
+            result = "succeeded"
+            log.info("transfer sent", extra={**ctx, "bytes": conn.sent})
+        except TransferError as e:
+            log.warning("transfer stream ended", extra={**ctx, "error": str(e)})
+        finally:
+            stop.set()
+            if self._streams.get(job.uid, (None,))[0] is stop:
+                del self._streams[job.uid]
+            self.metrics.active.labels(self.node, "sender").dec()
+            self.metrics.finished.labels(self.node, "sender", result).inc()
+
+    def _stream(
+        self, conn: Conn, info: VolumeInfo, mapped: list[tuple[int, int]] | None,
+        accept: messages.Accept, state: bytes | None, memory: JobMemory, stop: threading.Event,
+    ) -> None:  # fmt: skip
+        volume = Volume(info.path, writable=False)
+        try:
+            start = accept.offset
+            pieces = (
+                plan.mapped(info.size, mapped, start)
+                if mapped is not None
+                else plan.full(info.size, start)
+            )
+            source = RecordSource(volume, info.size, pieces, start, state)
+            source.digest.on_boundary = memory.passed
+            conn.send_message(accept)
+            throttle = Throttle(self.limits.bandwidth)
+            view = memoryview(source.buffer)
+            scratch = memoryview(bytearray(wire.MAX_CONTROL))
+            for kind, offset, length, _ in source.records():
+                if stop.is_set():
+                    raise TransferError("stopped: the job connected again, or the node stops")
+                if kind is wire.Kind.DATA:
+                    throttle.take(length, stop)
+                    conn.send(view[: wire.pack_into(view, kind, offset, length, length)])
+                    self.metrics.moved("sender", length, 0)
+                else:
+                    conn.send(wire.pack_header(kind, offset, length, b""))
+                    self.metrics.moved("sender", 0, length)
+                while conn.readable():
+                    self._acknowledged(conn, memory, scratch)
+            conn.send_message(source.end())
+            # the receiver's last word: its acknowledgement of the volume's end (checkpoints
+            # still on their way come first), or a FAIL
+            while self._acknowledged(conn, memory, scratch) < info.size:
+                pass
+        except TransferError as e:
+            with contextlib.suppress(TransferError):
+                conn.send_message(messages.Fail(message=str(e)[:4000]))
+            raise
+        finally:
+            volume.close()
+
+    @staticmethod
+    def _acknowledged(conn: Conn, memory: JobMemory, scratch: memoryview) -> int:
+        ack = conn.recv_message(messages.Ack, scratch)
+        memory.confirmed(ack.offset, bytes.fromhex(ack.digest))
+        return ack.offset
