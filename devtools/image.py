@@ -61,6 +61,7 @@ DEBIAN_PACKAGES = (
     "util-linux",  # blkid, wipefs, findmnt, nsenter
     "mount",  # mount, umount
     "file",  # as upstream's image has it (topolvm itself uses blkid)
+    "thin-provisioning-tools",  # thin_dump: a thin volume's mapped blocks, for a copy
 )
 # Like debian:*-slim: no manuals, docs (but the copyright files) or translations.
 DPKG_OPTIONS = (
@@ -107,6 +108,7 @@ pycparser==3.12
 pyyaml==6.0.3
 truststore==0.10.5
 typing-extensions==4.16.0
+xxhash==4.1.0
 yarl==1.25.1
 """
 # What builds this project's wheel (pyproject's [build-system] closure), pinned too: protoc from

@@ -69,7 +69,10 @@ poweroff -f
 NET_SETUP = """\
 ip link set eth0 up
 ip addr add {address} dev eth0
+ip route add 10.199.0.0/16 via {gateway} dev eth0
 """
+"""The guest's link; the route lets it reach the other guests' links through the host (a
+node's topolvm-node copies volumes from another's transfer port)."""
 
 
 FAST_PREFIX = "topolvm-uml-"  # disk images and memory file, in /dev/shm
@@ -266,7 +269,7 @@ def _prepared(
         net = ""
         if network is not None:
             args.append(f"eth0=tuntap,{network.tap}")
-            net = NET_SETUP.format(address=network.address)
+            net = NET_SETUP.format(address=network.address, gateway=network.gateway)
         log_file = base / "console.log"
         rc_file = base / "rc"
         init = base / "init.sh"

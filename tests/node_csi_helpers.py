@@ -53,9 +53,13 @@ class DictLookup:
 
     def __init__(self) -> None:
         self.classes: dict[str, str] = {}
+        self.filling: dict[str, str] = {}  # volume id -> what its copy does
 
     async def device_class_of(self, volume_id: str) -> str | None:
         return self.classes.get(volume_id)
+
+    async def unfilled(self, volume_id: str) -> str | None:
+        return self.filling.get(volume_id)
 
 
 @dataclass

@@ -26,7 +26,7 @@ from topolvm.transfer.server import TransferServer
 
 MiB = 1 << 20
 UID = "0b4f5c7e-1111-4222-8333-123456789abc"
-SOURCE_UID = "1c4f5c7e-1111-4222-8333-123456789abc"
+SOURCE_ID = "Zr3pQe-1AbC-9xYz-2DeF-3GhI-4JkL-5MnOpQ"  # LVM's lv_uuid form
 
 
 def _write_volume(path: Path, size: int, seed: int, data_every: int = 3) -> list[tuple[int, int]]:
@@ -51,14 +51,14 @@ class FakeVolumes:
 
     async def describe(self, name: str, device_class: str) -> VolumeInfo:
         path, mapped = self.volumes[name]
-        return VolumeInfo(str(path), path.stat().st_size, mapped is not None, 65536, "uuid")
+        return VolumeInfo(str(path), path.stat().st_size, mapped is not None, 65536, SOURCE_ID)
 
     async def mapped(self, name: str, device_class: str) -> list[tuple[int, int]] | None:
         return self.volumes[name][1]
 
 
 def _job() -> Job:
-    return Job(UID, "pvc-target", "node-b", "src", "ssd", SOURCE_UID, "snapshot-1")
+    return Job(UID, "pvc-target", "node-b", "src", "ssd", "snapshot-1")
 
 
 class Server:
@@ -106,7 +106,7 @@ def _hello(resume: Checkpoint | None = None) -> messages.Hello:
     r = None
     if resume is not None:
         r = messages.Resume(offset=resume.offset, digest=resume.digest.hex(),
-                            source_uid=resume.source_uid)  # fmt: skip
+                            source_id=resume.source_id)  # fmt: skip
     return messages.Hello(version=1, token="t", job="pvc-target", job_uid=UID, resume=r)
 
 
@@ -186,11 +186,11 @@ async def test_a_resume_the_sender_cannot_vouch_for_starts_over(server, tmp_path
     s = await server(mapped=True)
     size = s.source.stat().st_size
     target = _target(tmp_path, size)
-    bogus = Checkpoint(3 * MiB + 4096, bytes(32), SOURCE_UID)  # not a segment boundary
+    bogus = Checkpoint(3 * MiB + 4096, bytes(32), SOURCE_ID)  # not a segment boundary
     outcome = await _receive(s, target, resume=bogus)
     assert outcome.accept.offset == 0 and "not a segment boundary" in outcome.accept.note
     assert Path(target.path).read_bytes() == s.source.read_bytes()
-    other = Checkpoint(2 * MiB, bytes(32), "2c4f5c7e-1111-4222-8333-123456789abc")
+    other = Checkpoint(2 * MiB, bytes(32), "another-lv-uuid")
     outcome = await _receive(s, target, resume=other)
     assert outcome.accept.offset == 0 and "source changed" in outcome.accept.note
 

@@ -144,10 +144,14 @@ def test_crds_differ_only_in_group() -> None:
     assert a["spec"]["scope"] == "Cluster" and version["subresources"] == {"status": {}}
     schema = version["schema"]["openAPIV3Schema"]["properties"]
     assert schema["spec"]["required"] == ["name", "nodeName", "size"]
+    # upstream's fields, and the copy that fills a volume from another (docs/transfer.md)
     assert set(schema["spec"]["properties"]) == {
-        "name", "nodeName", "size", "deviceClass", "lvcreateOptionClass", "source", "accessType"
+        "name", "nodeName", "size", "deviceClass", "lvcreateOptionClass", "source", "accessType",
+        "copy",
     }  # fmt: skip
-    assert set(schema["status"]["properties"]) == {"volumeID", "code", "message", "currentSize"}
+    assert set(schema["status"]["properties"]) == {
+        "volumeID", "code", "message", "currentSize", "copy"
+    }
 
 
 def test_names_normal_and_legacy(monkeypatch: pytest.MonkeyPatch) -> None:

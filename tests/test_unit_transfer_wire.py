@@ -164,7 +164,9 @@ def test_a_thin_plan_reads_exactly_the_mapped_ranges_and_covers_the_rest_with_ze
     assert read == {b for b in wanted if start // 4096 <= b < -(-size // 4096)}
 
 
-def _apply(target: bytearray, ops: list[Op], source: bytes, chunk: int, allocated: set[int]) -> None:
+def _apply(
+    target: bytearray, ops: list[Op], source: bytes, chunk: int, allocated: set[int]
+) -> None:
     for op in ops:
         if chunk:  # a thin target: a chunk gets allocated (with old bytes) on its first write
             for c in range(op.offset // chunk, (op.offset + op.length - 1) // chunk + 1):

@@ -29,6 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 CRDS = REPO / "deploy" / "crds"
 ETCD_PORT = 2379
 API_PORT = 6443
+TRANSFER_ACCOUNT = ("topolvm-system", "topolvm-node")
+"""The ServiceAccount whose tokens a guest-process topolvm-node presents and accepts."""
 GUEST_SUBNETS = 16  # 10.199.1.0/24 ... 10.199.16.0/24, one per UML node
 KCM_CONTROLLERS = (
     "persistentvolume-binder-controller",
@@ -77,6 +79,7 @@ class ControlPlane:
     children: dict[str, Child] = field(default_factory=dict)
     started_in: float = 0.0
     _next_scheduler_port: int = 10259
+    _transfer_account: bool = False
 
     @property
     def kubeconfig(self) -> Path:
@@ -279,6 +282,20 @@ class ControlPlane:
         return child
 
     # --- access -------------------------------------------------------------------------
+
+    def transfer_token(self, node: str, duration: str = "12h") -> str:
+        """A token of topolvm-node's ServiceAccount (``topolvm-system/topolvm-node``, made if
+        missing) for the transfer audience, bound to ``node``'s Node object: what the chart's
+        projected volume gives topolvm-node, for a topolvm-node running as a guest process."""
+        namespace, account = TRANSFER_ACCOUNT
+        if not self._transfer_account:
+            self.kubectl("create", "namespace", namespace, check=False)
+            self.kubectl("create", "serviceaccount", account, "-n", namespace, check=False)
+            self._transfer_account = True
+        return self.kubectl(
+            "create", "token", account, "-n", namespace, "--audience=topolvm-transfer",
+            "--bound-object-kind=Node", f"--bound-object-name={node}", f"--duration={duration}",
+        ).strip()  # fmt: skip
 
     def write_kubeconfig(
         self,

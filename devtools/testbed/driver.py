@@ -142,12 +142,13 @@ class DriverStack:
              "--enable-capacity", "--capacity-ownerref-level=-1",
              f"--capacity-poll-interval={self.capacity_poll}", "--timeout=60s",
              "--retry-interval-max=10s", "--kube-api-capacity-qps=50",
-             "--kube-api-capacity-burst=100"],
+             "--kube-api-capacity-burst=100", "--extra-create-metadata"],
             env={"NAMESPACE": NAMESPACE, "POD_NAME": "topolvm-controller-testbed"},
         )  # fmt: skip
         self._child("csi-resizer", [str(self.bins["csi-resizer"]), *common, "--timeout=60s"])
         self._child("csi-snapshotter",
-                    [str(self.bins["csi-snapshotter"]), *common, "--timeout=60s"])  # fmt: skip
+                    [str(self.bins["csi-snapshotter"]), *common, "--timeout=60s",
+                     "--extra-create-metadata"])  # fmt: skip
         self._child("snapshot-controller", snapshot_controller_argv(self.cp, self.bins))
 
     def log(self, name: str) -> Path:

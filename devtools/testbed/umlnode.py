@@ -23,7 +23,13 @@ from typing import Any
 import yaml
 
 from devtools import uml
-from devtools.testbed.controlplane import API_PORT, ControlPlane, guest_address, host_address
+from devtools.testbed.controlplane import (
+    API_PORT,
+    TRANSFER_ACCOUNT,
+    ControlPlane,
+    guest_address,
+    host_address,
+)
 from devtools.testbed.process import HarnessError, http_get, kill_group, tail
 
 REPO = Path(__file__).resolve().parents[2]
@@ -337,11 +343,19 @@ class UmlNode:
             lvmd = [f"--lvmd-socket={lvmd_socket}"]
         else:
             lvmd = ["--embed-lvmd", f"--config={self._config(name, device_classes)}"]
+        # the transfer port (docs/transfer.md): reached at the guest's address, the token the
+        # chart would mount, and the account whose tokens it accepts
+        token_file = folder / f"{name}-transfer-token"
+        token_file.write_text(cp.transfer_token(self.name))
+        transfer = [
+            f"--transfer-advertise-address={self.address}", f"--transfer-token-file={token_file}",
+            f"--transfer-peer={':'.join(TRANSFER_ACCOUNT)}",
+        ]  # fmt: skip
         argv = [
             sys.executable, "-m", "topolvm", "--log-format", "text", "node",
             f"--nodename={self.name}", *lvmd, f"--kubeconfig={kubeconfig}",
             f"--csi-socket={CSI_SOCKET}", "--metrics-bind-address=:8080",
-            *(["--register-with-kubelet"] if self.kubelet else []), *extra,
+            *(["--register-with-kubelet"] if self.kubelet else []), *transfer, *extra,
         ]  # fmt: skip
         self.spawn(name, argv)
 

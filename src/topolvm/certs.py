@@ -1,12 +1,10 @@
 """X.509 helpers shared by the pod webhook's self-managed certificates and the transfer port's
-self-signed one: issuing a certificate, a key as PEM, loading a pair into an SSL context."""
+self-signed one: issuing a certificate, a key as PEM. (cryptography costs a per-node daemon
+memory: topolvm-node uses this only in a short-lived child process, see transfer/tls.py.)"""
 
 from __future__ import annotations
 
 import datetime
-import ssl
-import tempfile
-from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -14,10 +12,6 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 BACKDATE = datetime.timedelta(minutes=5)  # tolerate clocks a little behind ours
-
-
-class CertPairError(ValueError):
-    """A certificate and key that do not form a usable pair."""
 
 
 def utc_now() -> datetime.datetime:
@@ -52,19 +46,3 @@ def issue(
     for ext, critical in extensions:
         builder = builder.add_extension(ext, critical=critical)
     return builder.sign(signer, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
-
-
-def load_pair(ctx: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
-    """Load a certificate chain and key into ``ctx`` (through a private temporary folder: ssl
-    reads files only); a bad pair raises :class:`CertPairError` and leaves ``ctx`` untouched."""
-    with tempfile.TemporaryDirectory(prefix="topolvm-tls-") as tmp:
-        crt, key = Path(tmp, "tls.crt"), Path(tmp, "tls.key")
-        crt.write_bytes(cert_pem)
-        key.touch(mode=0o600)
-        key.write_bytes(key_pem)
-        try:
-            probe = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            probe.load_cert_chain(crt, key)  # try first: a failure half-loads
-        except (ssl.SSLError, ValueError) as e:
-            raise CertPairError(f"the certificate and key do not form a usable pair: {e}") from e
-        ctx.load_cert_chain(crt, key)

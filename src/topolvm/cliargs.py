@@ -30,6 +30,22 @@ def bind_address(value: str) -> tuple[str, int] | None:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def byte_rate(value: str) -> int:
+    """argparse type for a bandwidth in bytes per second: a Kubernetes quantity (``100Mi``,
+    ``50M``, ``1048576``); 0 means no limit."""
+    from topolvm.k8s.lvobject import InvalidQuantity, parse_quantity
+
+    try:
+        rate = parse_quantity(value.strip())
+    except InvalidQuantity:
+        raise argparse.ArgumentTypeError(
+            f"not a bandwidth: {value!r} (bytes per second, as a quantity: 100Mi, 50M, 0)"
+        ) from None
+    if rate < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value!r}")
+    return rate
+
+
 def positive_seconds(value: str) -> float:
     """argparse type for durations in seconds (> 0, finite)."""
     try:

@@ -20,6 +20,9 @@ RESIZEFS_REQUESTED_AT = "topolvm.io/last-resizefs-requested-at"  # always topolv
 LEGACY_DEVICE_DIR = "/dev/topolvm"
 DEFAULT_CSI_SOCKET = "/run/topolvm/csi-topolvm.sock"
 DEFAULT_LVMD_SOCKET = "/run/topolvm/lvmd.sock"
+DEFAULT_TRANSFER_PORT = 9850
+DEFAULT_TRANSFER_TOKEN = "/var/run/secrets/topolvm.io/transfer/token"
+"""Where the chart mounts topolvm-node's projected token for the transfer audience."""
 DEFAULT_REGISTRATION_DIR = "/var/lib/kubelet/plugins_registry"
 """The kubelet's plugin registration folder (its plugin watcher looks for sockets there)."""
 
@@ -77,6 +80,41 @@ class Names:
     @property
     def webhook_ignore_label(self) -> str:
         return f"{self.plugin}/webhook"
+
+    # -- the node-to-node copy (docs/transfer.md) -----------------------------------------
+
+    @property
+    def claim_annotation(self) -> str:
+        """On a LogicalVolume filled by a copy: ``<namespace>/<name>`` of the claim that waits
+        for it (its Events go there)."""
+        return f"{self.plugin}/claim"
+
+    @property
+    def snapshot_annotation(self) -> str:
+        """On a snapshot's LogicalVolume filled by a copy: ``<namespace>/<name>`` of its
+        VolumeSnapshot."""
+        return f"{self.plugin}/volumesnapshot"
+
+    @property
+    def transfer_endpoint_annotation(self) -> str:
+        """On a Node: ``<address>:<port>`` of its topolvm-node's transfer port."""
+        return f"{self.plugin}/transfer-endpoint"
+
+    @property
+    def transfer_cert_annotation(self) -> str:
+        """On a Node: the SHA-256 of its transfer port's certificate (receivers pin it)."""
+        return f"{self.plugin}/transfer-cert-sha256"
+
+    @property
+    def snapshot_placement_param(self) -> str:
+        """VolumeSnapshotClass parameter: ``source-node`` (the default) or ``other-node``."""
+        return f"{self.plugin}/snapshot-placement"
+
+    @property
+    def snapshot_node_selector_param(self) -> str:
+        """VolumeSnapshotClass parameter: a label selector for the node that keeps the
+        snapshot (implies ``other-node``)."""
+        return f"{self.plugin}/snapshot-node-selector"
 
     def capacity_annotation(self, device_class: str) -> str:
         """Node/pod annotation key for a device class ("" is the default class)."""

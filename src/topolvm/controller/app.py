@@ -45,6 +45,12 @@ class InformerNodes:
             return None
         return dict(obj.get("metadata", {}).get("annotations") or {})
 
+    def labels(self, node: str) -> Mapping[str, str] | None:
+        obj = self.informer.get(node)
+        if obj is None:
+            return None
+        return dict(obj.get("metadata", {}).get("labels") or {})
+
     def by_topology(self, key: str, value: str) -> str | None:
         for obj in self.informer.values():
             meta = obj.get("metadata", {})

@@ -11,11 +11,14 @@ kube-scheduler for another node.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime
 import logging
 from typing import Any
 
 from topolvm import capacity_annotations
 from topolvm.constants import Names
+from topolvm.controller import copies
 from topolvm.controller.ledger import CapacityLedger, NodeView
 from topolvm.controller.metrics import ControllerMetrics
 from topolvm.controller.sizing import (
@@ -68,6 +71,17 @@ def _translate(e: Exception) -> status.StatusError | None:
 
 
 _NOT_OFFERED = "not implemented by topolvm-controller"
+# how long CreateSnapshot waits for a copy to fill the snapshot before it answers "not ready yet"
+# (csi-snapshotter asks again: its default timeout is a minute)
+SNAPSHOT_WAIT = 20.0
+
+
+def _timestamp(text: str) -> int | None:
+    """An RFC 3339 creationTimestamp as seconds since the epoch."""
+    try:
+        return int(datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp())
+    except ValueError:
+        return None
 
 
 def rpc(fn: Any) -> Any:
@@ -153,6 +167,8 @@ class ControllerService:
         # _create_and_wait nothing may await, or a concurrent call for the same node passes the
         # same check (two calls 5 ms apart both took a node's last GiB in a burst).
         existing = await self.store.get(name)
+        copy_source = ""
+        waiting = copies.waiting_object(request.parameters, copies.PVC_NAME, copies.PVC_NAMESPACE)
         if request.HasField("volume_content_source"):
             src = await self._content_source(request.volume_content_source)
             if size < (src.current_size or src.size):
@@ -164,14 +180,27 @@ class ControllerService:
                     f"device class {dc!r} differs from the source's {src.device_class!r}: "
                     "snapshots and clones stay in their source's device class"
                 )
-            node = src.node_name
-            if has_reqs and not any(
-                s.get(self.names.topology_key) == node for s in [*preferred, *requisite]
-            ):
-                raise status.InvalidArgument(
-                    f"the source is on node {node}, which the accessibility requirements exclude"
-                )
-            source, access = src.name, "rw"
+            if not src.ready:
+                raise status.Unavailable(f"the source {src.name} is still being filled by a copy")
+            # the node kube-scheduler chose (or the source's, without requirements); on
+            # another node than the source's, a copy fills it (docs/transfer.md)
+            found = node_from_topology(preferred, requisite, self.names.topology_key)
+            node = found if has_reqs and found is not None else src.node_name
+            if existing is not None and existing.copy_source == src.name:
+                node = existing.node_name  # a retry: where the copy already runs
+            if node == src.node_name:
+                source, access = src.name, "rw"
+            else:
+                copy_source = src.name
+                free = self.ledger.free_bytes(node, dc)
+                if existing is None and free < size:
+                    self.metrics.capacity_rejections.labels(
+                        capacity_annotations.class_key(dc)
+                    ).inc()
+                    raise status.ResourceExhausted(
+                        f"node {node} has {free} bytes free in device class {dc!r} after "
+                        f"volumes in flight; {size} requested for a copy of {src.name}"
+                    )
         elif not has_reqs:
             best = largest({n: self.ledger.free_bytes(n, dc) for n in self.nodes.names()})
             if best is None:
@@ -197,9 +226,10 @@ class ControllerService:
                     f"node {node} has {free} bytes free in device class {dc!r} after volumes in "
                     f"flight; {size} requested"
                 )
-        lv = await self._create_and_wait(
-            VolumeRequest(name, node, size, dc, option_class, source, access), existing
-        )
+        annotations = ((self.names.claim_annotation, waiting),) if waiting else ()
+        req = VolumeRequest(name, node, size, dc, option_class, source, access,
+                            copy_source=copy_source, annotations=annotations)  # fmt: skip
+        lv = await self._create_and_wait(req, existing)
         volume = csi.Volume(
             capacity_bytes=lv.current_size or lv.size,
             volume_id=lv.volume_id,
@@ -252,6 +282,11 @@ class ControllerService:
         lv = await self.store.find_by_volume_id(volume_id)
         if lv is None:
             return  # already gone: success, as the CSI spec asks
+        if reading := copies.readers(lv, self.store.all()):
+            raise status.FailedPrecondition(
+                f"{lv.name} is the source of a copy in progress ({'; '.join(reading)}): it "
+                "can be deleted once that copy is done (the request is retried)"
+            )
         await self.store.delete_and_wait(lv.name)
         self.ledger.release(lv.name)
 
@@ -329,23 +364,63 @@ class ControllerService:
         if not request.name:
             raise status.InvalidArgument("name is required")
         name = request.name.lower()
+        try:
+            where = copies.placement(request.parameters, self.names)
+        except copies.PlacementError as e:
+            raise status.InvalidArgument(str(e)) from e
         async with self.name_locks.hold(name):
             src = await self.store.find_by_volume_id(request.source_volume_id)
             if src is None:
                 raise status.NotFound(f"source volume {request.source_volume_id} is not found")
             size = src.current_size or src.size
-            req = VolumeRequest(name, src.node_name, size, src.device_class, "", src.name, "ro")
+            req = await self._snapshot_request(request, name, src, size, where)
             await self.store.create(req)
-            lv = await self.store.wait_created(name)
+            # the LV exists (its id is the snapshot's); a copy may still fill it: ready later
+            lv = await self.store.wait_created(name, filled=False)
+            with contextlib.suppress(TimeoutError):
+                lv = await asyncio.wait_for(self.store.wait_created(name), SNAPSHOT_WAIT)
         snapshot = csi.Snapshot(
             size_bytes=lv.current_size or size,
             snapshot_id=lv.volume_id,
             source_volume_id=request.source_volume_id,
-            ready_to_use=True,
+            ready_to_use=lv.copy_done,
         )
-        snapshot.creation_time.GetCurrentTime()
-        snapshot.creation_time.nanos = 0
+        created = _timestamp(lv.created)
+        if created is None:
+            snapshot.creation_time.GetCurrentTime()
+            snapshot.creation_time.nanos = 0
+        else:
+            snapshot.creation_time.seconds = created
         return csi.CreateSnapshotResponse(snapshot=snapshot)
+
+    async def _snapshot_request(
+        self, request: csi.CreateSnapshotRequest, name: str, src: LogicalVolumeObject, size: int,
+        where: copies.Placement,
+    ) -> VolumeRequest:  # fmt: skip
+        """On the source's node (its node makes a thin snapshot, or copies a thick volume), or
+        on another one that the class chooses, filled by a copy."""
+        waiting = copies.waiting_object(request.parameters, copies.SNAPSHOT_NAME,
+                                        copies.SNAPSHOT_NAMESPACE)  # fmt: skip
+        annotations = ((self.names.snapshot_annotation, waiting),) if waiting else ()
+        dc = src.device_class
+        if not where.off_node:
+            return VolumeRequest(name, src.node_name, size, dc, "", src.name, "ro",
+                                 annotations=annotations)  # fmt: skip
+        existing = await self.store.get(name)
+        node = existing.node_name if existing is not None else None
+        if node is None:
+            names = self.nodes.names()
+            free = {n: self.ledger.free_bytes(n, dc) for n in names
+                    if self.ledger.annotation(n, dc) is not None}  # fmt: skip
+            labels = {n: self.nodes.labels(n) or {} for n in names}
+            node = copies.snapshot_node(where, src.node_name, free, labels, size)
+        if node is None:
+            raise status.ResourceExhausted(
+                f"no node but the source's ({src.node_name}) has {size} bytes free in device "
+                f"class {dc!r} for the snapshot, on {where.describe()}"
+            )
+        return VolumeRequest(name, node, size, dc, access_type="ro", copy_source=src.name,
+                             annotations=annotations)  # fmt: skip
 
     @rpc
     async def DeleteSnapshot(self, request: csi.DeleteSnapshotRequest, context: Ctx) -> Any:

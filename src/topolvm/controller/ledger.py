@@ -29,6 +29,9 @@ class NodeView(Protocol):
 
     def names(self) -> list[str]: ...
 
+    def labels(self, node: str) -> Mapping[str, str] | None:
+        """The Node's labels; None if there is no such Node."""
+
 
 class CapacityLedger:
     def __init__(

@@ -9,7 +9,9 @@ A LogicalVolume is *referenced* when
   ``spec.source.snapshotHandle``, for pre-provisioned snapshots) == ``status.volumeID``. When
   that API is not installed or cannot be read, snapshots are *unknown* and no LogicalVolume with
   ``spec.accessType: ro`` (a snapshot) is ever collected, or
-- it is the ``spec.source`` of a LogicalVolume whose node has not created it yet.
+- it is the ``spec.source`` of a LogicalVolume whose node has not created it yet, or the
+  source of a copy in progress (docs/transfer.md), or
+- a copy is still filling it (its PersistentVolume or VolumeSnapshotContent comes after).
 
 An *orphan* is a LogicalVolume that is not being deleted, was created more than ``grace``
 seconds ago (``metadata.creationTimestamp``; this also spares volumes still being created, whose
@@ -87,6 +89,8 @@ class References:
             return "VolumeSnapshotContent"
         if lv.name in self.pending_sources:
             return "source of a volume being created"
+        if not lv.copy_done and not lv.code:
+            return "a copy is filling it"  # its PV or content comes once the copy is verified
         return None
 
 
@@ -208,6 +212,10 @@ class LogicalVolumeGC:
             deleting = (obj.get("metadata") or {}).get("deletionTimestamp")
             if spec.get("source") and not status.get("volumeID") and not deleting:
                 refs.pending_sources.add(str(spec["source"]))
+            copy = status.get("copy") or {}
+            reading = (spec.get("copy") or {}).get("source") or (copy and spec.get("source"))
+            if reading and copy.get("phase") != "Done" and not deleting:
+                refs.pending_sources.add(str(reading))  # a copy in progress reads it
         return refs
 
     async def _snapshot_handles(self) -> set[str] | None:

@@ -27,7 +27,7 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import PersistentVolumeClaim
 from lightkube.resources.storage_v1 import StorageClass
 
-from topolvm import certs
+from topolvm import tlspair
 from topolvm.constants import Names
 from topolvm.controller.metrics import ControllerMetrics
 from topolvm.controller.podmutate import Decision, PodReader, decide
@@ -59,8 +59,8 @@ def server_ssl_context() -> ssl.SSLContext:
 def load_pair(ctx: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
     """Load a certificate chain and key into ``ctx``; a bad pair leaves ``ctx`` untouched."""
     try:
-        certs.load_pair(ctx, cert_pem, key_pem)
-    except certs.CertPairError as e:
+        tlspair.load_pair(ctx, cert_pem, key_pem)
+    except tlspair.CertPairError as e:
         raise WebhookCertError(str(e)) from e
 
 

@@ -33,6 +33,42 @@ def _string(description: str) -> dict[str, Any]:
     return {"type": "string", "description": description}
 
 
+def _int64(description: str) -> dict[str, Any]:
+    return {"type": "integer", "format": "int64", "description": description}
+
+
+def _copy_status() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": "Progress of the copy that fills this logical volume (spec.copy).",
+        "properties": {
+            "phase": {"type": "string", "enum": ["Pending", "Copying", "Done", "Failed"],
+                      "description": "Done once the data is complete and verified."},
+            "message": _string("What the copy does or waits for."),
+            "sourceNode": _string("The node the data comes from."),
+            "sourceID": _string("LVM uuid of the source volume (or its cut) the checkpoint "
+                                "belongs to."),
+            "totalBytes": _int64("Bytes to copy."),
+            "doneBytes": _int64("Bytes of the volume copied so far."),
+            "transferredBytes": _int64("Data bytes received, over every attempt."),
+            "bytesPerSecond": _int64("Recent rate through the volume."),
+            "attempts": {"type": "integer", "format": "int32",
+                         "description": "Connections made to the source."},
+            "resumedFrom": _int64("Offset the last attempt went on from."),
+            "checkpoint": {
+                "type": "object",
+                "description": "The last durable point: everything before offset is written "
+                "and synced; digest is the digest chain there.",
+                "properties": {"offset": _int64("Byte offset."),
+                               "digest": _string("Hex digest chain value.")},
+            },
+            "digest": _string("Whole-volume digest (BLAKE2b chain over XXH3-128 segments)."),
+            "startTime": {"type": "string", "format": "date-time"},
+            "completionTime": {"type": "string", "format": "date-time"},
+        },
+    }  # fmt: skip
+
+
 def logicalvolume_crd(group: str) -> dict[str, Any]:
     """The CRD manifest for ``logicalvolumes.<group>`` (``topolvm.io`` or legacy)."""
     spec_props = {
@@ -43,6 +79,13 @@ def logicalvolume_crd(group: str) -> dict[str, Any]:
         "lvcreateOptionClass": _string("lvcreate option class of lvmd."),
         "source": _string("Name of the source LogicalVolume of a snapshot or clone."),
         "accessType": _string("Access type of a snapshot or clone: ro or rw."),
+        "copy": {
+            "type": "object",
+            "description": "Fill the new logical volume with a copy of another LogicalVolume "
+            "(a snapshot, or a point-in-time cut of a volume), on this node or another one.",
+            "properties": {"source": _string("Name of the LogicalVolume to copy.")},
+            "required": ["source"],
+        },
     }
     status_props = {
         "volumeID": _string("LVM logical volume name; also the CSI volume id."),
@@ -53,6 +96,7 @@ def logicalvolume_crd(group: str) -> dict[str, Any]:
         },
         "message": _string("Message of the last failure."),
         "currentSize": _quantity("Actual size of the logical volume."),
+        "copy": _copy_status(),
     }
     schema = {
         "type": "object",
@@ -80,6 +124,7 @@ def logicalvolume_crd(group: str) -> dict[str, Any]:
         {"name": "Size", "type": "string", "jsonPath": ".spec.size"},
         {"name": "Current", "type": "string", "jsonPath": ".status.currentSize"},
         {"name": "VolumeID", "type": "string", "jsonPath": ".status.volumeID", "priority": 1},
+        {"name": "Copy", "type": "string", "jsonPath": ".status.copy.phase", "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
     return {

@@ -66,6 +66,79 @@ def format_quantity(size: int) -> str:
     return str(size)
 
 
+class CopyPhase:
+    """``status.copy.phase`` of a LogicalVolume filled by a copy (docs/transfer.md)."""
+
+    PENDING = "Pending"  # not started: waiting for the source, a free slot, the sender
+    COPYING = "Copying"
+    DONE = "Done"  # complete and verified
+    FAILED = "Failed"  # for good (the source is gone, the data did not verify)
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+@dataclass(frozen=True)
+class CopyStatus:
+    """``status.copy``: one copy's state, written by the node that fills the volume and read
+    by the controller that waits for it, by the sender checking a resume, and by doctor."""
+
+    phase: str = CopyPhase.PENDING
+    message: str = ""
+    source_node: str = ""
+    source_id: str = ""  # LVM uuid of the source LV (or its cut) the checkpoint was read from
+    total_bytes: int = 0
+    done_bytes: int = 0
+    transferred_bytes: int = 0  # DATA bytes received over every attempt
+    bytes_per_second: int = 0
+    checkpoint_offset: int = 0
+    checkpoint_digest: str = ""
+    attempts: int = 0
+    resumed_from: int = 0
+    digest: str = ""  # the whole-volume digest, once done
+    start_time: str = ""
+    completion_time: str = ""
+
+    _KEYS = (("phase", "phase"), ("message", "message"), ("source_node", "sourceNode"),
+             ("source_id", "sourceID"), ("total_bytes", "totalBytes"),
+             ("done_bytes", "doneBytes"), ("transferred_bytes", "transferredBytes"),
+             ("bytes_per_second", "bytesPerSecond"), ("attempts", "attempts"),
+             ("resumed_from", "resumedFrom"), ("digest", "digest"),
+             ("start_time", "startTime"), ("completion_time", "completionTime"))  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> CopyStatus | None:
+        """Tolerant: a field of the wrong type reads as empty (only nodes write it)."""
+        if not isinstance(raw, dict):
+            return None
+        values: dict[str, Any] = {}
+        for attr, key in cls._KEYS:
+            default = getattr(cls, attr)
+            value = raw.get(key)
+            values[attr] = _int(value) if isinstance(default, int) else str(value or "")
+        values["phase"] = values["phase"] or CopyPhase.PENDING
+        checkpoint = raw.get("checkpoint")
+        if isinstance(checkpoint, dict):
+            values["checkpoint_offset"] = _int(checkpoint.get("offset"))
+            values["checkpoint_digest"] = str(checkpoint.get("digest") or "")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for attr, key in self._KEYS:
+            value = getattr(self, attr)
+            if value or key == "phase":
+                out[key] = value
+        if self.checkpoint_digest:
+            out["checkpoint"] = {"offset": self.checkpoint_offset,
+                                 "digest": self.checkpoint_digest}  # fmt: skip
+        return out
+
+
 @dataclass
 class LogicalVolumeObject:
     """What the node and controller read from a LogicalVolume object.
@@ -92,6 +165,22 @@ class LogicalVolumeObject:
     finalizers: list[str] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
+    copy_source: str = ""  # spec.copy.source: the LogicalVolume a copy fills this one from
+    copy: CopyStatus | None = None  # status.copy
+    created: str = ""  # metadata.creationTimestamp
+
+    @property
+    def copy_done(self) -> bool:
+        """Not filled by a copy, or the copy is complete and verified. (A thick snapshot or
+        clone on its source's node is a copy too: its node reports ``status.copy``.)"""
+        if self.copy is not None:
+            return self.copy.phase == CopyPhase.DONE
+        return not self.copy_source
+
+    @property
+    def ready(self) -> bool:
+        """The volume exists and holds its data: a CSI volume may be handed out."""
+        return bool(self.volume_id) and self.copy_done
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> LogicalVolumeObject:
@@ -118,6 +207,9 @@ class LogicalVolumeObject:
             finalizers=list(meta.get("finalizers") or []),
             labels=dict(meta.get("labels") or {}),
             annotations=dict(meta.get("annotations") or {}),
+            copy_source=str((spec.get("copy") or {}).get("source") or ""),
+            copy=CopyStatus.from_dict(status.get("copy")),
+            created=str(meta.get("creationTimestamp") or ""),
         )
 
 

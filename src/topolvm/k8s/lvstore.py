@@ -19,7 +19,7 @@ from lightkube import AsyncClient
 from topolvm.constants import Names
 from topolvm.k8s import api
 from topolvm.k8s.errors import Conflict
-from topolvm.k8s.lvobject import LogicalVolumeObject, format_quantity
+from topolvm.k8s.lvobject import InvalidQuantity, LogicalVolumeObject, format_quantity
 from topolvm.k8s.runtime import Informer
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,8 @@ POLL_MAX = 10.0
 
 @dataclass(frozen=True)
 class VolumeRequest:
-    """What the controller asks a node to create (the object's ``spec``)."""
+    """What the controller asks a node to create (the object's ``spec``), and the metadata
+    it starts with."""
 
     name: str
     node_name: str
@@ -39,6 +40,10 @@ class VolumeRequest:
     lvcreate_option_class: str = ""
     source: str = ""
     access_type: str = ""
+    copy_source: str = ""  # spec.copy.source: fill it from this LogicalVolume (another node's)
+    labels: tuple[tuple[str, str], ...] = ()
+    annotations: tuple[tuple[str, str], ...] = ()
+    finalizers: tuple[str, ...] = ()
 
     def spec(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "nodeName": self.node_name,
@@ -48,10 +53,27 @@ class VolumeRequest:
                            ("source", self.source), ("accessType", self.access_type)):  # fmt: skip
             if value:
                 out[key] = value
+        if self.copy_source:
+            out["copy"] = {"source": self.copy_source}
         return out
 
+    def metadata(self) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": self.name}
+        if self.labels:
+            meta["labels"] = dict(self.labels)
+        if self.annotations:
+            meta["annotations"] = dict(self.annotations)
+        if self.finalizers:
+            meta["finalizers"] = list(self.finalizers)
+        return meta
+
     def compatible(self, lv: LogicalVolumeObject) -> bool:
-        """Upstream's rule for a retried create: same name, source and size."""
+        """Upstream's rule for a retried create: same name, source and size (and, for a copy,
+        the same node and source)."""
+        if lv.copy_source != self.copy_source or (
+            self.copy_source and lv.node_name != self.node_name
+        ):
+            return False
         return lv.name == self.name and lv.source == self.source and lv.size == self.size
 
 
@@ -148,6 +170,25 @@ class LogicalVolumeStore:
         lv = await self.find_by_volume_id(volume_id)
         return None if lv is None else lv.device_class
 
+    async def unfilled(self, volume_id: str) -> str | None:
+        """What the copy that fills the volume is doing, while it is not done."""
+        lv = await self.find_by_volume_id(volume_id)
+        if lv is None or lv.copy_done:
+            return None
+        copy = lv.copy
+        if copy is None:
+            return "a copy is to fill it"
+        done = f" ({copy.done_bytes} of {copy.total_bytes} bytes)" if copy.total_bytes else ""
+        return f"a copy fills it: {copy.phase}{done} {copy.message}".rstrip()
+
+    def all(self) -> list[LogicalVolumeObject]:
+        """Every LogicalVolume in the cache that reads as one."""
+        out = []
+        for obj in self.informer.values():
+            with contextlib.suppress(InvalidQuantity, KeyError, TypeError, ValueError):
+                out.append(LogicalVolumeObject.from_dict(obj))
+        return out
+
     def on_node(self, node_name: str) -> list[LogicalVolumeObject]:
         return [
             LogicalVolumeObject.from_dict(o)
@@ -162,7 +203,7 @@ class LogicalVolumeStore:
         existing = await self.get(request.name)
         if existing is None:
             body = {"apiVersion": f"{self.names.group}/v1", "kind": "LogicalVolume",
-                    "metadata": {"name": request.name}, "spec": request.spec()}  # fmt: skip
+                    "metadata": request.metadata(), "spec": request.spec()}  # fmt: skip
             try:
                 created = await api.create(self.client, self.resource.from_dict(body))
                 return LogicalVolumeObject.from_dict(created)
@@ -193,8 +234,9 @@ class LogicalVolumeStore:
                 if await done(await self.get(name, fresh=True)):
                     return
 
-    async def wait_created(self, name: str) -> LogicalVolumeObject:
-        """Until the node set ``status.volumeID``. A failure code deletes the object and raises
+    async def wait_created(self, name: str, *, filled: bool = True) -> LogicalVolumeObject:
+        """Until the node set ``status.volumeID`` and, with ``filled``, a copy's target holds
+        its data (``status.copy.phase`` Done). A failure code deletes the object and raises
         :class:`VolumeFailed` with the node's code (ResourceExhausted makes the provisioner
         choose another node)."""
         result: list[LogicalVolumeObject] = []
@@ -205,7 +247,7 @@ class LogicalVolumeStore:
             if lv.code:
                 await self.delete(name)
                 raise VolumeFailed(lv.code, lv.message)
-            if lv.volume_id:
+            if lv.volume_id and (lv.copy_done or not filled):
                 result.append(lv)
                 return True
             return False

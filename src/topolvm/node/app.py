@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from topolvm import daemon
 from topolvm.config.lvmd import LvmdConfig
-from topolvm.constants import Names
+from topolvm.constants import DEFAULT_TRANSFER_PORT, DEFAULT_TRANSFER_TOKEN, Names
 from topolvm.csi.identity import IdentityService, csidriver_check
 from topolvm.daemon import Parts, StartupError, serve_grpc, serve_health, serve_metrics
 from topolvm.k8s import api
@@ -21,17 +22,34 @@ from topolvm.k8s import errors as kube
 from topolvm.k8s.lvstore import LogicalVolumeStore
 from topolvm.k8s.runtime import Controller, Informer
 from topolvm.lvmd.server import Options
+from topolvm.node.copies import CopyJobs, CopyOptions
 from topolvm.node.csi_node import NodeService
 from topolvm.node.exporter import CapacityExporter, NodeMetrics
 from topolvm.node.lvmd_client import EmbeddedLvmd, LvmdClient, SocketLvmd
 from topolvm.node.reconciler import LogicalVolumeReconciler
 from topolvm.node.registration import Registration, serve_registration
+from topolvm.node.transfer import TransferService
+from topolvm.node.volumes import Cuts, LvmdVolumes
 from topolvm.process import bounded
 from topolvm.proto import csi_pb2 as csi
 from topolvm.rpc.status import GrpcMetrics
 from topolvm.rpc.transport import Service
+from topolvm.transfer.jobs import Limits
+from topolvm.transfer.metrics import TransferMetrics
 
 log = logging.getLogger("topolvm.node")
+
+
+@dataclass(frozen=True)
+class TransferOptions:
+    """The node-to-node copy (docs/transfer.md)."""
+
+    address: tuple[str, int] | None = ("0.0.0.0", DEFAULT_TRANSFER_PORT)  # None: no port
+    advertise: str = ""  # how other nodes reach the port; "" leaves it unserved
+    token_file: str = DEFAULT_TRANSFER_TOKEN
+    peers: tuple[str, ...] = ()  # ServiceAccount usernames accepted on the port
+    limits: Limits = field(default_factory=Limits)
+    sweep_interval: float = 600.0
 
 
 @dataclass
@@ -49,6 +67,7 @@ class NodeOptions:
     workers: int = 4
     advertise_capacity_resource: bool = True
     lvmd_options: Options = field(default_factory=Options)
+    transfer: TransferOptions = field(default_factory=TransferOptions)
 
 
 class TopolvmNode:
@@ -70,7 +89,19 @@ class TopolvmNode:
             self.lvmd = SocketLvmd(options.lvmd_socket)
         lv_res = api.logicalvolume_resource(self.names)
         self.informer = Informer(client, lv_res, resync=options.resync)
-        self.reconciler = LogicalVolumeReconciler(client, self.names, options.node_name, self.lvmd)
+        t = options.transfer
+        self.transfer_metrics = TransferMetrics(self.registry, options.node_name)
+        volumes, cuts = LvmdVolumes(self.lvmd), Cuts(self.lvmd)
+        self.copies = CopyJobs(
+            client, self.names, options.node_name, volumes, cuts,
+            CopyOptions(t.limits, t.token_file), self.transfer_metrics,
+        )  # fmt: skip
+        self.transfer = TransferService(client, self.names, options.node_name, volumes, cuts,
+                                        t.limits, self.transfer_metrics, t.peers)  # fmt: skip
+        self.transfer.watch(self.informer)
+        self.reconciler = LogicalVolumeReconciler(
+            client, self.names, options.node_name, self.lvmd, self.copies
+        )
         self.controller = Controller(
             "logicalvolume", self.reconciler.reconcile, workers=options.workers
         )
@@ -112,6 +143,8 @@ class TopolvmNode:
         self.parts.spawn(self.informer.run(), "informer")
         self.parts.spawn(self.controller.run(), "controller")
         self.parts.spawn(self.exporter.run(), "exporter")
+        self.parts.on_stop("copies", self.copies.stop)
+        await self._serve_transfer()
         await serve_listeners(self.parts, self.options, self.identity, self.node_service,
                               self.registry)  # fmt: skip
         log.info(
@@ -126,6 +159,29 @@ class TopolvmNode:
                 "health_probes": self.options.health_address is not None,
             },
         )
+
+    async def _serve_transfer(self) -> None:
+        t = self.options.transfer
+        if t.address is None:
+            return
+        if not t.advertise or not t.peers:
+            missing = "an address to advertise (--transfer-advertise-address, $POD_IP)"
+            if t.advertise:
+                missing = "a ServiceAccount to accept (--transfer-peer)"
+            log.warning(f"transfer port not served: no {missing}; other nodes cannot copy "
+                        "volumes from this one")  # fmt: skip
+            return
+        # in the background: making its key takes a moment, which the CSI socket need not wait
+        self.parts.spawn(self._transfer_port(t), "transfer-port")
+
+    async def _transfer_port(self, t: TransferOptions) -> None:
+        assert t.address is not None
+        await self.transfer.start(*t.address, t.advertise)
+        self.parts.on_stop("transfer port", self.transfer.stop)
+        while True:  # cuts whose job ended while this node was down
+            await asyncio.sleep(t.sweep_interval)
+            classes = {lv.device_class for lv in self.volumes.on_node(self.options.node_name)}
+            await self.transfer.sweep(classes)
 
     async def stop(self) -> None:
         """Stop every part, the kubelet registration and the CSI server first; each step is

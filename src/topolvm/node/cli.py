@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import base64
+import json
 import logging
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from topolvm import daemon
-from topolvm.cliargs import add_bool_flag, add_client_flags, bind_address, positive_seconds
+from topolvm.cliargs import (
+    add_bool_flag,
+    add_client_flags,
+    bind_address,
+    byte_rate,
+    positive_seconds,
+)
 from topolvm.config.errors import ConfigError
 from topolvm.constants import (
     DEFAULT_CSI_SOCKET,
     DEFAULT_LVMD_SOCKET,
     DEFAULT_REGISTRATION_DIR,
+    DEFAULT_TRANSFER_PORT,
+    DEFAULT_TRANSFER_TOKEN,
     names,
 )
 from topolvm.k8s.api import with_client
@@ -22,10 +33,11 @@ from topolvm.lvm.errors import LvmError
 from topolvm.lvmd import cli as lvmd_cli
 
 if TYPE_CHECKING:
-    from topolvm.node.app import NodeOptions
+    from topolvm.node.app import NodeOptions, TransferOptions
     from topolvm.node.registration import Registration
 
 log = logging.getLogger("topolvm.node")
+IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -99,7 +111,63 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "advertise the pod webhook's marker resource <plugin>/capacity on this Node, so pods "
         "carrying it schedule without the scheduler extender; =false removes it",
     )
+    add_transfer_flags(p)
     p.set_defaults(run=run)
+
+
+def add_transfer_flags(p: argparse.ArgumentParser) -> None:
+    """The node-to-node copy (docs/transfer.md)."""
+    g = p.add_argument_group("node-to-node copy")
+    g.add_argument(
+        "--transfer-bind-address",
+        type=bind_address,
+        default=f":{DEFAULT_TRANSFER_PORT}",
+        help="host:port of the TLS transfer port other nodes copy volumes from; '0' or '' "
+        f"disables it (default :{DEFAULT_TRANSFER_PORT})",
+    )
+    g.add_argument(
+        "--transfer-advertise-address",
+        default=os.environ.get("POD_IP", ""),
+        metavar="IP",
+        help="the address other nodes reach the transfer port at, published on this Node "
+        "(default: $POD_IP); without one the port is not served",
+    )
+    g.add_argument(
+        "--transfer-token-file",
+        default=DEFAULT_TRANSFER_TOKEN,
+        metavar="PATH",
+        help="a projected ServiceAccount token for the audience topolvm-transfer, which this "
+        f"node shows when it copies from another (default {DEFAULT_TRANSFER_TOKEN})",
+    )
+    g.add_argument(
+        "--transfer-peer",
+        action="append",
+        default=[],
+        metavar="NAMESPACE:SERVICEACCOUNT",
+        help="a ServiceAccount whose tokens may copy from this node (repeatable; default: "
+        "this process's own in-cluster ServiceAccount)",
+    )
+    g.add_argument(
+        "--transfer-max-copies",
+        type=int,
+        default=2,
+        metavar="N",
+        help="copies this node sends, and receives, at once (default 2); more wait their turn",
+    )
+    g.add_argument(
+        "--transfer-bandwidth",
+        type=byte_rate,
+        default=0,
+        metavar="BYTES",
+        help="bytes per second each copy may move (a quantity: 100Mi); 0: no limit (default)",
+    )
+    g.add_argument(
+        "--transfer-io-timeout",
+        type=positive_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="a connection that moves no byte for this long is given up and resumed (default 30)",
+    )
 
 
 def options_from_args(args: argparse.Namespace) -> NodeOptions:
@@ -125,7 +193,45 @@ def options_from_args(args: argparse.Namespace) -> NodeOptions:
         resync=args.resync_interval,
         advertise_capacity_resource=args.advertise_capacity_resource,
         lvmd_options=lvmd_cli.lvm_options(args),
+        transfer=transfer_from_args(args),
     )
+
+
+def transfer_from_args(args: argparse.Namespace) -> TransferOptions:
+    from topolvm.node.app import TransferOptions
+    from topolvm.transfer.auth import service_account_user
+    from topolvm.transfer.jobs import Limits
+
+    if args.transfer_max_copies < 1:
+        raise ConfigError(
+            f"--transfer-max-copies must be 1 or more, got {args.transfer_max_copies}"
+        )
+    peers = []
+    for peer in args.transfer_peer or [own_service_account()]:
+        if peer is None:
+            continue
+        namespace, sep, name = peer.partition(":")
+        if not sep or not namespace or not name or ":" in name:
+            raise ConfigError(f"--transfer-peer takes NAMESPACE:SERVICEACCOUNT, got {peer!r}")
+        peers.append(service_account_user(namespace, name))
+    limits = Limits(args.transfer_max_copies, args.transfer_bandwidth, args.transfer_io_timeout)
+    return TransferOptions(address=args.transfer_bind_address,
+                           advertise=args.transfer_advertise_address,
+                           token_file=args.transfer_token_file, peers=tuple(peers),
+                           limits=limits)  # fmt: skip
+
+
+def own_service_account(path: str = IN_CLUSTER_TOKEN) -> str | None:
+    """``namespace:name`` of the ServiceAccount this pod runs as (from its token's subject);
+    None outside a pod."""
+    try:
+        payload = Path(path).read_text().split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        subject = str(claims["sub"])
+    except (OSError, IndexError, KeyError, ValueError, TypeError):
+        return None
+    prefix = "system:serviceaccount:"
+    return subject[len(prefix) :] if subject.startswith(prefix) else None
 
 
 def registration_from_args(args: argparse.Namespace) -> Registration | None:

@@ -50,6 +50,9 @@ class VolumeLookup(Protocol):
         None if there is none.
         """
 
+    async def unfilled(self, volume_id: str) -> str | None:
+        """Why the volume may not be published yet: a copy still fills it (None: it may)."""
+
 
 _LOGGED = {"volume_id": "volume_id", "target_path": "target", "volume_path": "target"}
 
@@ -142,6 +145,10 @@ class NodeService:
             options = mount_options(request.readonly, capability.mount, fstype)
         async with self.locks.hold(volume_id):
             lv = await self._find_lv(volume_id)
+            if (why := await self.volumes.unfilled(volume_id)) is not None:
+                # never a half-copied volume in a pod (the controller does not hand it out
+                # before the copy is verified either); kubelet retries
+                raise status.Unavailable(f"volume {volume_id} is not ready: {why}")
             if access_type == "block":
                 await self._publish_block(volume_id, target, lv.path, request.readonly)
             else:

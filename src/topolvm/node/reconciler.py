@@ -20,8 +20,9 @@ from lightkube import AsyncClient
 from topolvm.constants import CREATED_BY_LABEL, Names
 from topolvm.k8s import api
 from topolvm.k8s import errors as kube
-from topolvm.k8s.lvobject import InvalidQuantity, LogicalVolumeObject, status_dict
+from topolvm.k8s.lvobject import CopyStatus, InvalidQuantity, LogicalVolumeObject, status_dict
 from topolvm.k8s.runtime import Controller, Informer, ReconcileError, Result, resource_version
+from topolvm.node.copies import CopyJobs, copy_patch
 from topolvm.node.lvmd_client import LvmdCallError, LvmdClient
 from topolvm.proto import lvmd_pb2 as pb
 
@@ -29,11 +30,15 @@ log = logging.getLogger(__name__)
 
 
 class LogicalVolumeReconciler:
-    def __init__(self, client: AsyncClient, names: Names, node_name: str, lvmd: LvmdClient):
+    def __init__(
+        self, client: AsyncClient, names: Names, node_name: str, lvmd: LvmdClient,
+        copies: CopyJobs | None = None,
+    ):  # fmt: skip
         self.client = client
         self.names = names
         self.node_name = node_name
         self.lvmd = lvmd
+        self.copies = copies  # fills volumes from a copy (docs/transfer.md); None: never
         self.resource = api.logicalvolume_resource(names)
         # name -> resourceVersion of this node's last write to it: a cached copy older than
         # that is out of date.
@@ -73,7 +78,8 @@ class LogicalVolumeReconciler:
             return (obj.get("spec") or {}).get("nodeName") == self.node_name  # reconcile logs it
         if lv.node_name != self.node_name:
             return False
-        done = self._marked(lv) and bool(lv.volume_id) and _as_large_as_asked(lv)
+        filled = lv.copy_done or bool(lv.code) or self.copies is None
+        done = self._marked(lv) and bool(lv.volume_id) and _as_large_as_asked(lv) and filled
         return lv.deleting or not done
 
     def _marked(self, lv: LogicalVolumeObject) -> bool:
@@ -128,6 +134,9 @@ class LogicalVolumeReconciler:
             return await self._reconcile(stored, marked=True)
         if not lv.volume_id:
             await self._create(lv)
+        elif not lv.copy_done:
+            if self.copies is not None and not lv.code:
+                self.copies.ensure(lv)  # (again, after a restart) the job that fills it
         else:
             await self._expand(lv)
         return None
@@ -162,6 +171,13 @@ class LogicalVolumeReconciler:
     async def _finalize(self, lv: LogicalVolumeObject, obj: api.Obj) -> None:
         if self.names.lv_finalizer not in lv.finalizers:
             return
+        if (reader := self._copy_reading(lv)) is not None:
+            # a copy reads it (or a cut of it): it goes once that copy is done or given up
+            raise ReconcileError(f"LV {lv.uid} is the source of a copy in progress ({reader})")
+        if self.copies is not None:
+            await self.copies.cancel(lv.name)  # its thread no longer writes the LV
+            if lv.copy is not None:
+                await self.copies.drop_cut(lv)
         try:
             await self.lvmd.remove_lv(pb.RemoveLVRequest(name=lv.uid, device_class=lv.device_class))
             log.info("removed LV", extra={"lv": lv.name, "uid": lv.uid})
@@ -173,9 +189,30 @@ class LogicalVolumeReconciler:
             self.client, self.resource, lv.name, self.names.lv_finalizer, False, known=obj
         )
 
+    def _copy_reading(self, lv: LogicalVolumeObject) -> str | None:
+        """The LogicalVolume a copy in progress fills from ``lv``, if any."""
+        if self._informer is None:
+            return None
+        for obj in self._informer.values():
+            spec = obj.get("spec") or {}
+            copy_source = (spec.get("copy") or {}).get("source")
+            local = spec.get("source") == lv.name and (obj.get("status") or {}).get("copy")
+            if copy_source != lv.name and not local:
+                continue
+            try:
+                target = LogicalVolumeObject.from_dict(obj)
+            except (InvalidQuantity, KeyError, TypeError, ValueError):
+                continue
+            if not target.copy_done and not target.deleting and not target.code:
+                return f"{target.name} on node {target.node_name}"
+        return None
+
     async def _create(self, lv: LogicalVolumeObject) -> None:
         if lv.code != 0:
             return  # a failed create is final: the controller deletes the object
+        if self.copies is not None and (lv.copy_source or await self._thick_source(lv)):
+            await self._create_copy_target(lv)
+            return
         try:
             if lv.source:
                 size = await self._create_snapshot(lv)
@@ -205,6 +242,45 @@ class LogicalVolumeReconciler:
             raise ReconcileError(f"failed to create LV {lv.uid}: {e}") from e
         log.info("created LV", extra={"lv": lv.name, "uid": lv.uid, "size_bytes": size})
         await self._set_status(lv.name, lv.uid, 0, "", size)
+
+    async def _thick_source(self, lv: LogicalVolumeObject) -> bool:
+        """A snapshot or clone here of a thick volume: an independent LV filled by a copy
+        (LVM's own thick snapshots slow their origin down and die when they fill up)."""
+        if not lv.source:
+            return False
+        src_obj = await api.get(self.client, self.resource, lv.source)
+        src = None if src_obj is None else LogicalVolumeObject.from_dict(src_obj)
+        if src is None or not src.volume_id:
+            return False  # the snapshot path reports it
+        try:
+            described = await self.lvmd.describe_lv(src.volume_id, src.device_class)
+        except LvmdCallError as e:
+            if e.code in (Status.UNIMPLEMENTED, Status.NOT_FOUND):
+                return False  # upstream's lvmd: its own answer (thick: not implemented)
+            raise ReconcileError(f"cannot tell what {src.volume_id} is: {e}") from e
+        return not described.thin
+
+    async def _create_copy_target(self, lv: LogicalVolumeObject) -> None:
+        """An empty LV, reported with ``status.copy`` in the same write as its volume id (so
+        no reader takes it for a filled volume), then the job that fills it."""
+        assert self.copies is not None
+        try:
+            resp = await self.lvmd.create_lv(
+                pb.CreateLVRequest(
+                    name=lv.uid,
+                    device_class=lv.device_class,
+                    lvcreate_option_class=lv.lvcreate_option_class,
+                    size_bytes=lv.size,
+                )
+            )
+        except LvmdCallError as e:
+            await self._set_failure(lv, e.code, e.message)
+            raise ReconcileError(f"failed to create LV {lv.uid} for a copy: {e}") from e
+        size = resp.volume.size_bytes
+        log.info("created LV for a copy", extra={"lv": lv.name, "uid": lv.uid, "size_bytes": size})
+        pending = CopyStatus(message="waiting to start")
+        await self._set_status(lv.name, lv.uid, 0, "", size, copy=copy_patch(pending))
+        self.copies.ensure(replace(lv, volume_id=lv.uid, current_size=size, copy=pending))
 
     async def _create_snapshot(self, lv: LogicalVolumeObject) -> int:
         if lv.access_type not in ("ro", "rw"):
@@ -260,13 +336,16 @@ class LogicalVolumeReconciler:
         await self._set_status(lv.name, lv.volume_id, code.value, message, lv.current_size)
 
     async def _set_status(
-        self, name: str, volume_id: str, code: int, message: str, current_size: int | None
-    ) -> None:
+        self, name: str, volume_id: str, code: int, message: str, current_size: int | None,
+        copy: dict[str, Any] | None = None,
+    ) -> None:  # fmt: skip
         wanted: dict[str, Any] = {"volumeID": None, "code": None, "message": None,
                                   "currentSize": None}  # fmt: skip
         wanted.update(
             status_dict(volume_id=volume_id, code=code, message=message, current_size=current_size)
         )
+        if copy is not None:
+            wanted["copy"] = copy
         # one merge patch of the status subresource: set fields are written, the others
         # (null) removed; only this node writes the status of its LogicalVolumes
         try:

@@ -28,11 +28,11 @@ from topolvm.transfer.tls import check_peer, client_context
 @dataclass(frozen=True)
 class Checkpoint:
     """A durable point of a copy: everything before ``offset`` is written and synced, the
-    digest chain there is ``digest``, read from the source LogicalVolume ``source_uid``."""
+    digest chain there is ``digest``, read from the source LV of LVM uuid ``source_id``."""
 
     offset: int
     digest: bytes
-    source_uid: str
+    source_id: str
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ class Outcome:
 
 Persist = Callable[[Checkpoint], None]
 Progress = Callable[[int, int, int], None]  # position, size, data bytes received so far
+Accepted = Callable[[messages.Accept], None]
 
 
 def connect(endpoint: Endpoint, timeout: float) -> Conn:
@@ -80,11 +81,13 @@ def connect(endpoint: Endpoint, timeout: float) -> Conn:
 def receive(
     endpoint: Endpoint, hello: messages.Hello, target: VolumeInfo, persist: Persist,
     progress: Progress, stop: threading.Event, timeout: float,
+    accepted: Accepted = lambda accept: None,
 ) -> Outcome:  # fmt: skip
     conn = connect(endpoint, timeout)
     try:
         conn.send_message(hello)
         accept = conn.recv_message(messages.Accept)
+        accepted(accept)
         return _fill(conn, hello, accept, target, persist, progress, stop)
     finally:
         conn.close()
@@ -102,7 +105,7 @@ def _fill(
     state = bytes.fromhex(resume.digest) if resume is not None and accept.offset else None
 
     def checkpoint(offset: int, digest: bytes) -> None:
-        persist(Checkpoint(offset, digest, accept.source_uid))
+        persist(Checkpoint(offset, digest, accept.source_id))
         conn.send_message(messages.Ack(offset=offset, digest=digest.hex()))
 
     volume = Volume(target.path, writable=True)

@@ -32,15 +32,14 @@ class Volumes(Protocol):
 @dataclass(frozen=True)
 class Job:
     """A copy a sender authorised: the target LogicalVolume (``target``, UID ``uid``) on
-    ``target_node`` is filled from this node's ``volume`` (an LV of ``device_class``), the
-    source LogicalVolume of UID ``source_uid``."""
+    ``target_node`` is filled from this node's LV ``volume`` (of ``device_class``: the source
+    LogicalVolume ``source`` itself, or a point-in-time cut of it)."""
 
     uid: str
     target: str
     target_node: str
     volume: str
     device_class: str
-    source_uid: str
     source: str  # the source LogicalVolume's name, for logs and status
 
 

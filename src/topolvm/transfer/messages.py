@@ -20,6 +20,8 @@ ObjectName = Annotated[
 ]
 Uid = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-"
                                           r"[0-9a-f]{12}$")]  # fmt: skip
+# the identity of the exact bytes a copy reads: LVM's lv_uuid of the source (or its cut)
+SourceId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9-]{1,64}$")]
 Token = Annotated[str, msgspec.Meta(min_length=1, max_length=16384)]
 Text = Annotated[str, msgspec.Meta(max_length=4096)]
 
@@ -34,7 +36,7 @@ class Resume(_Message, frozen=True):
 
     offset: Offset
     digest: Hex256
-    source_uid: Uid
+    source_id: SourceId
 
 
 class Hello(_Message, frozen=True):
@@ -54,7 +56,7 @@ class Accept(_Message, frozen=True):
 
     size: Offset
     offset: Offset
-    source_uid: Uid
+    source_id: SourceId
     source: Text
     note: Text = ""
 

@@ -11,14 +11,18 @@ class TransferMetrics:
     def __init__(self, registry: CollectorRegistry | None, node: str) -> None:
         self.node = node
         self.data_bytes = Counter(
-            "topolvm_transfer_data_bytes", "Bytes of volume data that travelled in DATA records.",
-            ["node", "role"], registry=registry,
-        )  # fmt: skip
+            "topolvm_transfer_data_bytes",
+            "Bytes of volume data that travelled in DATA records.",
+            ["node", "role"],
+            registry=registry,
+        )
         self.zero_bytes = Counter(
             "topolvm_transfer_zero_bytes",
             "Bytes of volume covered by ZERO records (zeros, or a thin volume's unmapped "
-            "blocks): not read, not sent.", ["node", "role"], registry=registry,
-        )  # fmt: skip
+            "blocks): not read, not sent.",
+            ["node", "role"],
+            registry=registry,
+        )
         self.active = Gauge(
             "topolvm_transfer_copies_active",
             "Copies running now.",
@@ -26,25 +30,35 @@ class TransferMetrics:
             registry=registry,
         )
         self.finished = Counter(
-            "topolvm_transfer_copies", "Copies (connections, for the sender) that ended.",
-            ["node", "role", "result"], registry=registry,
-        )  # fmt: skip
+            "topolvm_transfer_copies",
+            "Copies (connections, for the sender) that ended.",
+            ["node", "role", "result"],
+            registry=registry,
+        )
         self.refusals = Counter(
-            "topolvm_transfer_refusals", "Connections the sender refused, by reason.",
-            ["node", "reason"], registry=registry,
-        )  # fmt: skip
+            "topolvm_transfer_refusals",
+            "Connections the sender refused, by reason.",
+            ["node", "reason"],
+            registry=registry,
+        )
         self.progress = Gauge(
-            "topolvm_transfer_copy_done_bytes", "How far a copy this node receives has come.",
-            ["node", "logicalvolume"], registry=registry,
-        )  # fmt: skip
+            "topolvm_transfer_copy_done_bytes",
+            "How far a copy this node receives has come.",
+            ["node", "logicalvolume"],
+            registry=registry,
+        )
         self.total = Gauge(
-            "topolvm_transfer_copy_total_bytes", "The size of a copy this node receives.",
-            ["node", "logicalvolume"], registry=registry,
-        )  # fmt: skip
+            "topolvm_transfer_copy_total_bytes",
+            "The size of a copy this node receives.",
+            ["node", "logicalvolume"],
+            registry=registry,
+        )
         self.rate = Gauge(
             "topolvm_transfer_copy_rate_bytes_per_second",
-            "A copy's recent rate through the volume.", ["node", "logicalvolume"], registry=registry,
-        )  # fmt: skip
+            "A copy's recent rate through the volume.",
+            ["node", "logicalvolume"],
+            registry=registry,
+        )
 
     def moved(self, role: str, data: int, zero: int) -> None:
         if data:

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -47,7 +48,7 @@ class JobMemory:
     """What this process knows of a job's stream: the source it read, how far it sent, the
     digest chain at the segment boundaries past the last checkpoint the receiver confirmed."""
 
-    source_uid: str
+    source_id: str
     sent_until: int = 0
     boundaries: OrderedDict[int, bytes] = field(default_factory=OrderedDict)
 
@@ -93,7 +94,8 @@ class TransferServer:
         self.volumes = volumes
         self.limits = limits
         self.metrics = metrics
-        self.ssl, self.fingerprint = server_context(node)
+        self.ssl: ssl.SSLContext | None = None  # made at start, with a fresh key
+        self.fingerprint = ""
         self._pool = ThreadPoolExecutor(max_workers=4 * limits.concurrency + 4,
                                         thread_name_prefix="transfer-send")  # fmt: skip
         self._listener: socket.socket | None = None
@@ -108,6 +110,7 @@ class TransferServer:
         return int(self._listener.getsockname()[1])
 
     async def start(self, host: str, port: int) -> None:
+        self.ssl, self.fingerprint = await asyncio.to_thread(server_context, self.node)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -147,6 +150,7 @@ class TransferServer:
         raw.setblocking(True)
         raw.settimeout(HANDSHAKE_TIMEOUT)
         raw.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        assert self.ssl is not None
         try:
             sock = self.ssl.wrap_socket(raw, server_side=True)
         except OSError as e:
@@ -204,16 +208,16 @@ class TransferServer:
         except TransferError as e:
             raise Refused("unavailable", f"the source cannot be read now: {e}") from e
         memory = self._memory.get(job.uid)
-        if memory is not None and memory.source_uid != job.source_uid:
+        if memory is not None and memory.source_id != info.uuid:
             memory = None
         start, state, note = 0, None, ""
         if hello.resume is not None:
-            if hello.resume.source_uid != job.source_uid:
+            if hello.resume.source_id != info.uuid:
                 note = "the source changed since the copy began: starting over"
             else:
                 start, state, note = _checked(hello.resume, info.size, memory)
         if memory is None:
-            memory = JobMemory(job.source_uid)
+            memory = JobMemory(info.uuid)
         self._memory[job.uid] = memory
         self._memory.move_to_end(job.uid)
         while len(self._memory) > REMEMBERED_JOBS:
@@ -226,7 +230,7 @@ class TransferServer:
             else "thin, whole"
         )
         described = f"{job.source} on {self.node} ({kind})"
-        accept = messages.Accept(size=info.size, offset=start, source_uid=job.source_uid,
+        accept = messages.Accept(size=info.size, offset=start, source_id=info.uuid,
                                  source=described, note=note)  # fmt: skip
         log.info(
             "transfer accepted", extra={**ctx, "offset": start, "size": info.size, "note": note}

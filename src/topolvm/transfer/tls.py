@@ -9,31 +9,33 @@ token only when they match (:func:`check_peer`).
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import ssl
+import subprocess
+import sys
 
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-
-from topolvm import certs
+from topolvm.tlspair import load_pair
 from topolvm.transfer.errors import PeerMismatch
-
-VALIDITY = datetime.timedelta(days=3650)  # a new one comes with every start
 
 
 def server_context(node_name: str) -> tuple[ssl.SSLContext, str]:
-    """An SSL context with a fresh key and self-signed certificate for ``node_name``, and the
-    certificate's fingerprint (hex SHA-256 of its DER form)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    usage = x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH])
-    pem = certs.issue(f"transfer.{node_name}", None, key, key, certs.utc_now(), VALIDITY,
-                      [(usage, False)])  # fmt: skip
+    """An SSL context with a fresh key and self-signed certificate for ``node_name`` (made by
+    :mod:`.selfsigned` in a child process), and the certificate's fingerprint (hex SHA-256 of
+    its DER form)."""
+    made = subprocess.run(
+        [sys.executable, "-m", "topolvm.transfer.selfsigned", node_name],
+        capture_output=True, timeout=60, check=False,
+    )  # fmt: skip
+    if made.returncode != 0:
+        raise RuntimeError(
+            f"cannot make the transfer port's certificate: {made.stderr.decode(errors='replace')}"
+        )
+    key_end = made.stdout.index(b"-----END PRIVATE KEY-----") + len(b"-----END PRIVATE KEY-----\n")
+    key_pem, cert_pem = made.stdout[:key_end], made.stdout[key_end:]
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-    certs.load_pair(ctx, pem, certs.pem_key(key))
-    der = x509.load_pem_x509_certificate(pem).public_bytes(serialization.Encoding.DER)
+    load_pair(ctx, cert_pem, key_pem)
+    der = ssl.PEM_cert_to_DER_cert(cert_pem.decode())
     return ctx, hashlib.sha256(der).hexdigest()
 
 

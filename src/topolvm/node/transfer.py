@@ -1,0 +1,170 @@
+"""topolvm-node's sending side of the node-to-node copy (docs/transfer.md): its transfer port,
+the check of every job asked for there, and the cuts it makes for them.
+
+The port's address and its certificate's fingerprint go on this node's Node object
+(``<plugin>/transfer-endpoint``, ``<plugin>/transfer-cert-sha256``), where receivers find and
+pin them. A job is the target LogicalVolume a receiver names; it is served only if:
+
+- its token is topolvm-node's ServiceAccount, for the transfer audience, bound to a node
+  (TokenReview), and the target is on that very node;
+- the target exists with the UID the receiver gave, is a copy (``spec.copy.source``) not done
+  yet and not being deleted (else: unknown or replayed);
+- its source LogicalVolume is on this node and holds its data.
+
+A snapshot (``accessType: ro``) is read as it is; a live volume through a cut made for the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Collection
+
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Node
+
+from topolvm.constants import Names
+from topolvm.k8s import api
+from topolvm.k8s import errors as kube
+from topolvm.k8s.lvobject import InvalidQuantity, LogicalVolumeObject
+from topolvm.k8s.runtime import Informer
+from topolvm.node.volumes import Cuts, LvmdVolumes
+from topolvm.transfer import messages
+from topolvm.transfer.auth import TokenReviewer
+from topolvm.transfer.errors import Refused, TransferError
+from topolvm.transfer.jobs import Job, Limits
+from topolvm.transfer.metrics import TransferMetrics
+from topolvm.transfer.server import TransferServer
+
+log = logging.getLogger(__name__)
+
+
+class TransferService:
+    def __init__(
+        self, client: AsyncClient, names: Names, node: str, volumes: LvmdVolumes, cuts: Cuts,
+        limits: Limits, metrics: TransferMetrics, accounts: Collection[str],
+    ) -> None:  # fmt: skip
+        self.client = client
+        self.names = names
+        self.node = node
+        self.cuts = cuts
+        self.resource = api.logicalvolume_resource(names)
+        self.reviewer = TokenReviewer(client, accounts)
+        self.server = TransferServer(node, self.authorise, volumes, limits, metrics)
+        self._cleanups: set[asyncio.Task[None]] = set()
+
+    async def start(self, host: str, port: int, advertise: str) -> None:
+        await self.server.start(host, port)
+        endpoint = f"{advertise}:{self.server.port}"
+        if ":" in advertise:
+            endpoint = f"[{advertise}]:{self.server.port}"
+        ann = {self.names.transfer_endpoint_annotation: endpoint,
+               self.names.transfer_cert_annotation: self.server.fingerprint}  # fmt: skip
+        await api.patch_merge(self.client, Node, self.node, {"metadata": {"annotations": ann}})
+        log.info("transfer port serving", extra={"endpoint": endpoint, "node": self.node})
+
+    async def stop(self) -> None:
+        await self.server.stop()
+        for task in list(self._cleanups):
+            task.cancel()
+        await asyncio.gather(*self._cleanups, return_exceptions=True)
+
+    # -- authorisation ------------------------------------------------------------------
+
+    async def _lv(self, name: str) -> LogicalVolumeObject | None:
+        try:
+            obj = await api.get(self.client, self.resource, name)
+        except kube.KubeError as e:
+            raise Refused("unavailable", f"cannot read LogicalVolume {name}: {e}") from e
+        try:
+            return None if obj is None else LogicalVolumeObject.from_dict(obj)
+        except (InvalidQuantity, KeyError, TypeError, ValueError) as e:
+            raise Refused("unknown-job", f"LogicalVolume {name} is malformed: {e}") from e
+
+    async def authorise(self, hello: messages.Hello) -> Job:
+        peer = await self.reviewer.peer(hello.token)
+        target = await self._lv(hello.job)
+        if target is None or target.uid != hello.job_uid:
+            raise Refused("unknown-job", f"no LogicalVolume {hello.job} of UID {hello.job_uid}")
+        if not target.copy_source:
+            raise Refused("unknown-job", f"LogicalVolume {hello.job} is not filled by a copy")
+        if target.deleting or target.copy_done:
+            done = "is being deleted" if target.deleting else "is filled already"
+            raise Refused("replayed", f"LogicalVolume {hello.job} {done}")
+        if target.node_name != peer.node:
+            raise Refused(
+                "forbidden",
+                f"LogicalVolume {hello.job} is filled on node {target.node_name}; the token "
+                f"belongs to node {peer.node}",
+            )
+        source = await self._lv(target.copy_source)
+        if source is None or source.node_name != self.node:
+            where = "gone" if source is None else f"on node {source.node_name}"
+            raise Refused("unknown-job", f"the source {target.copy_source} is {where}, not here")
+        if not source.ready:
+            raise Refused("unavailable", f"the source {source.name} holds no data yet")
+        volume = source.volume_id
+        if source.access_type != "ro":  # a live volume: read a cut of it, made for this job
+            try:
+                volume = await self.cuts.ensure(target.uid, source.volume_id, source.device_class)
+            except TransferError as e:
+                raise Refused("unavailable", str(e)) from e
+        return Job(
+            target.uid, target.name, target.node_name, volume, source.device_class, source.name
+        )
+
+    # -- cuts -----------------------------------------------------------------------------
+
+    def watch(self, informer: Informer) -> None:
+        """Remove a cut once its job's target is filled or gone."""
+
+        def on_event(event: str, obj: api.Obj) -> None:
+            spec = obj.get("spec") or {}
+            if not (spec.get("copy") or {}).get("source"):
+                return
+            try:
+                target = LogicalVolumeObject.from_dict(obj)
+            except (InvalidQuantity, KeyError, TypeError, ValueError):
+                return
+            if event == "DELETED" or target.copy_done or target.code:
+                task = asyncio.create_task(self._drop_cut(target))
+                self._cleanups.add(task)
+                task.add_done_callback(self._cleanups.discard)
+
+        informer.add_handler(on_event)
+
+    async def _drop_cut(self, target: LogicalVolumeObject) -> None:
+        source = await self._source_here(target.copy_source)
+        if source is None or source.access_type == "ro":
+            return
+        with contextlib.suppress(TransferError):
+            await self.cuts.remove(target.uid, source.device_class)
+
+    async def _source_here(self, name: str) -> LogicalVolumeObject | None:
+        try:
+            source = await self._lv(name)
+        except Refused:
+            return None
+        return source if source is not None and source.node_name == self.node else None
+
+    async def sweep(self, device_classes: Collection[str]) -> None:
+        """Remove cuts whose job is over (its target filled, failed or gone): what a node that
+        was down when the job ended left."""
+        try:
+            items, _ = await api.list_all(self.client, self.resource)
+        except kube.KubeError as e:
+            log.warning("cut sweep skipped", extra={"error": kube.describe(e)})
+            return
+        running = set()
+        for obj in items:
+            with contextlib.suppress(InvalidQuantity, KeyError, TypeError, ValueError):
+                lv = LogicalVolumeObject.from_dict(obj)
+                copied = lv.copy_source or lv.copy is not None
+                if copied and not lv.copy_done and not lv.deleting and not lv.code:
+                    running.add(lv.uid)
+        for dc in device_classes:
+            for job in await self.cuts.listed(dc):
+                if job not in running:
+                    with contextlib.suppress(TransferError):
+                        await self.cuts.remove(job, dc)

@@ -1,0 +1,105 @@
+"""What the node's copies need of lvmd: where a volume's bytes are, a thin volume's mapped
+blocks (:class:`LvmdVolumes`, the transfer's :class:`~topolvm.transfer.jobs.Volumes`), and
+point-in-time cuts of live volumes (:class:`Cuts`).
+
+A copy never reads a live volume: it reads a snapshot, or a *cut*, an LVM snapshot of the live
+volume made for one copy job (a thin snapshot, or a COW snapshot as large as its origin, which
+cannot fill up) and named after the job, ``cut.<target LogicalVolume UID>``, so a resumed job
+or a restarted node finds the same one. The node that holds the source makes it when the job
+first asks, and removes it once the job's target is filled or gone.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from grpclib.const import Status
+
+from topolvm.node.lvmd_client import LvmdCallError, LvmdClient
+from topolvm.proto import lvmd_pb2 as pb
+from topolvm.transfer.errors import SourceFailed, TransferError
+from topolvm.transfer.jobs import VolumeInfo
+
+log = logging.getLogger(__name__)
+CUT_PREFIX = "cut."
+CUT_TAG = "topolvm/cut"
+
+
+def cut_name(job_uid: str) -> str:
+    return CUT_PREFIX + job_uid
+
+
+def job_of_cut(lv_name: str) -> str | None:
+    return lv_name[len(CUT_PREFIX) :] if lv_name.startswith(CUT_PREFIX) else None
+
+
+class LvmdVolumes:
+    def __init__(self, lvmd: LvmdClient) -> None:
+        self.lvmd = lvmd
+
+    async def describe(self, name: str, device_class: str) -> VolumeInfo:
+        try:
+            r = await self.lvmd.describe_lv(name, device_class)
+        except LvmdCallError as e:
+            raise SourceFailed(f"lvmd cannot describe LV {name}: {e.message}") from e
+        return VolumeInfo(r.path, int(r.size_bytes), r.thin, int(r.chunk_bytes), r.uuid)
+
+    async def mapped(self, name: str, device_class: str) -> list[tuple[int, int]] | None:
+        try:
+            return [r async for r in self.lvmd.thin_mappings(name, device_class)]
+        except LvmdCallError as e:
+            if e.code in (Status.NOT_FOUND, Status.UNAVAILABLE):
+                raise SourceFailed(f"lvmd cannot map LV {name}: {e.message}") from e
+            # an lvmd without VolumeData (upstream's), or no thin_dump on the host: the copy
+            # reads the volume whole, which is correct, only slower
+            log.warning(
+                "thin mappings unknown; reading the volume whole",
+                extra={"lv": name, "error": str(e)},
+            )
+            return None
+
+
+class Cuts:
+    def __init__(self, lvmd: LvmdClient) -> None:
+        self.lvmd = lvmd
+
+    async def ensure(self, job_uid: str, source: str, device_class: str) -> str:
+        """The cut of LV ``source`` for job ``job_uid`` (made now, or found from before)."""
+        name = cut_name(job_uid)
+        req = pb.CreateLVSnapshotRequest(
+            name=name,
+            device_class=device_class,
+            source_volume=source,
+            access_type="ro",
+            tags=[CUT_TAG],
+        )
+        try:
+            await self.lvmd.create_lv_snapshot(req)
+        except LvmdCallError as e:
+            if e.code is Status.RESOURCE_EXHAUSTED:
+                raise SourceFailed(
+                    f"no room for the copy's point-in-time cut of {source}: {e.message}"
+                ) from e
+            raise SourceFailed(f"cannot cut {source} for the copy: {e.message}") from e
+        return name
+
+    async def remove(self, job_uid: str, device_class: str) -> bool:
+        """Remove the job's cut; False if there was none."""
+        try:
+            await self.lvmd.remove_lv(
+                pb.RemoveLVRequest(name=cut_name(job_uid), device_class=device_class)
+            )
+        except LvmdCallError as e:
+            if e.code is Status.NOT_FOUND:
+                return False
+            raise TransferError(f"cannot remove the cut of job {job_uid}: {e.message}") from e
+        log.info("removed a copy's cut", extra={"job": job_uid})
+        return True
+
+    async def listed(self, device_class: str) -> list[str]:
+        """Job UIDs of the cuts in ``device_class``."""
+        try:
+            volumes = await self.lvmd.get_lv_list(device_class)
+        except LvmdCallError:
+            return []
+        return [job for v in volumes if (job := job_of_cut(v.name)) is not None]
