@@ -16,7 +16,7 @@ from devtools.testbed.driver import DriverStack
 from devtools.testbed.umlnode import UmlNode
 from tests.cluster_fixtures import unique
 from tests.lvm_fixtures import THICK, THIN
-from tests.provisioning import GiB, Scenario, bound, claim, shared_nodes
+from tests.provisioning import GiB, Scenario, claim, shared_nodes
 from tests.transfer_helpers import (
     MiB,
     from_snapshot,
@@ -74,8 +74,8 @@ async def test_a_thin_snapshot_restores_on_another_node_sending_only_its_blocks(
     snap = unique("snap")
     s.apply(snapshot(snap, vsc, src))
     ready = await ready_snapshot(s, snap)
-    content = s.cp.kubectl("get", "volumesnapshotcontent",
-                           ready["status"]["boundVolumeSnapshotContentName"], "-o", "json")  # fmt: skip
+    bound_to = ready["status"]["boundVolumeSnapshotContentName"]
+    content = s.cp.kubectl("get", "volumesnapshotcontent", bound_to, "-o", "json")
     assert "nodeAffinity" not in content  # KEP-5943: nothing confines its restores to node A
 
     sent_before = metric(a, "topolvm_transfer_data_bytes_total", role="sender")
@@ -91,3 +91,107 @@ async def test_a_thin_snapshot_restores_on_another_node_sending_only_its_blocks(
     # the mapped blocks: the data written, the filesystem's metadata and log; not the GiB
     assert 96 * MiB <= sent <= 0.2 * GiB, sent
     assert target.copy.transferred_bytes == sent
+
+
+async def test_a_thick_volume_snapshots_and_restores_on_another_node(abc: Scenario) -> None:
+    """A thick snapshot is an independent LV (a copy of a short-lived COW cut), not ready
+    until the copy is done; the source stays expandable; a restore elsewhere reads it."""
+    s = abc
+    a, b, _ = s.nodes
+    thick = s.sc(device_class="ssd", fs_type="ext4")
+    vsc = unique("vsc")
+    s.apply(snapshot_class(vsc))
+    src, writer = unique("src"), unique("writer")
+    s.apply(claim(src, thick, "512Mi"), on_node(writer, s.group, a.name, [src]))
+    [source] = await s.running(writer)
+    sums = write_data(s, writer, src, mib=48)
+    snap = unique("snap")
+    s.apply(snapshot(snap, vsc, src))
+    ready = await ready_snapshot(s, snap)
+    handle = ready["status"]["boundVolumeSnapshotContentName"]
+    content = s.cp.kubectl("get", "volumesnapshotcontent", handle, "-o",
+                           "jsonpath={.status.snapshotHandle}")  # fmt: skip
+    snap_lv = await logical_volume_of(s, content)
+    assert snap_lv.node_name == a.name and snap_lv.copy is not None
+    assert snap_lv.copy.phase == CopyPhase.DONE
+    lvs = a.lvs("vg1")
+    assert lvs[snap_lv.volume_id]["origin"] == ""  # independent, not a COW snapshot
+    assert not any(k.startswith("cut.") for k in lvs), lvs  # its cut is gone
+    # the origin grows (LVM refuses while a COW snapshot of it exists)
+    s.cp.kubectl("patch", "pvc", src, "-n", "default", "--type=merge",
+                 "-p", '{"spec":{"resources":{"requests":{"storage":"768Mi"}}}}')  # fmt: skip
+    await s.expanded(src)
+    assert int(a.lvs("vg1")[source.volume_id]["lv_size"]) >= 768 * MiB
+
+    restored, reader = unique("restored"), unique("reader")
+    s.apply(claim(restored, thick, "512Mi", source=from_snapshot(snap)),
+            on_node(reader, s.group, b.name, [restored]))  # fmt: skip
+    [published] = await s.running(reader, timeout=300)
+    assert read_sums(s, reader, restored).replace(restored, src) == sums
+    target = await logical_volume_of(s, published.volume_id)
+    assert target.node_name == b.name and target.copy is not None
+    assert target.copy.source_node == a.name
+
+
+async def test_thin_and_thick_claims_clone_onto_another_node(abc: Scenario) -> None:
+    s = abc
+    a, b, _ = s.nodes
+    thin = s.sc(device_class="thin", fs_type="xfs")
+    thick = s.sc(device_class="ssd", fs_type="xfs")
+    sources = {thin: unique("thinsrc"), thick: unique("thicksrc")}
+    writer = unique("writer")
+    s.apply(*(claim(c, sc, "384Mi") for sc, c in sources.items()),
+            on_node(writer, s.group, a.name, list(sources.values())))  # fmt: skip
+    await s.running(writer)
+    sums = {c: write_data(s, writer, c, mib=32) for c in sources.values()}
+    clones = {sc: unique("clone") for sc in sources}
+    reader = unique("reader")
+    s.apply(*(claim(clones[sc], sc, "384Mi", source={"kind": "PersistentVolumeClaim",
+                                                      "name": sources[sc]}) for sc in sources),
+            on_node(reader, s.group, b.name, list(clones.values())))  # fmt: skip
+    published = await s.running(reader, timeout=300)
+    for sc, src in sources.items():
+        assert read_sums(s, reader, clones[sc]).replace(clones[sc], src) == sums[src]
+    for p in published:
+        lv = await logical_volume_of(s, p.volume_id)
+        assert lv.node_name == b.name and lv.copy is not None and lv.copy.source_node == a.name
+    assert not any(k.startswith("cut.") for k in a.lvs("vg1"))
+
+
+async def test_a_snapshot_kept_on_another_node_outlives_its_node(abc: Scenario) -> None:
+    """The class keeps the snapshot on a node labelled for it (C); node A's guest is powered
+    off for good and its Node deleted; the claim is restored on B from C."""
+    s = abc
+    a, b, c = s.nodes
+    s.cp.kubectl("label", "node", c.name, "topolvm.test/keeper=yes", "--overwrite")
+    thin = s.sc(device_class="thin", fs_type="xfs")
+    vsc = unique("vsc")
+    s.apply(snapshot_class(vsc, {"topolvm.io/snapshot-node-selector": "topolvm.test/keeper=yes"}))
+    src, writer = unique("src"), unique("writer")
+    s.apply(claim(src, thin, "512Mi"), on_node(writer, s.group, a.name, [src]))
+    await s.running(writer)
+    sums = write_data(s, writer, src, mib=40)
+    snap = unique("snap")
+    s.apply(snapshot(snap, vsc, src))
+    ready = await ready_snapshot(s, snap)
+    handle = s.cp.kubectl("get", "volumesnapshotcontent",
+                          ready["status"]["boundVolumeSnapshotContentName"], "-o",
+                          "jsonpath={.status.snapshotHandle}")  # fmt: skip
+    kept = await logical_volume_of(s, handle)
+    assert kept.node_name == c.name and kept.copy is not None and kept.copy.source_node == a.name
+
+    # node A goes for good: its pods are lost with it, its guest is powered off, its Node deleted
+    s.cp.kubectl("delete", "pod", writer, "-n", "default", "--force", "--grace-period=0")
+    s.pods.remove(writer)
+    a.stop()
+    s.nodes = [b, c]
+    del s.before[a.name]
+    s.cp.kubectl("delete", "node", a.name, "--wait=false")
+
+    restored, reader = unique("restored"), unique("reader")
+    s.apply(claim(restored, thin, "512Mi", source=from_snapshot(snap)),
+            on_node(reader, s.group, b.name, [restored]))  # fmt: skip
+    [published] = await s.running(reader, timeout=300)
+    assert read_sums(s, reader, restored).replace(restored, src) == sums
+    target = await logical_volume_of(s, published.volume_id)
+    assert target.copy is not None and target.copy.source_node == c.name

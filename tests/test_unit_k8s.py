@@ -150,7 +150,11 @@ def test_crds_differ_only_in_group() -> None:
         "copy",
     }  # fmt: skip
     assert set(schema["status"]["properties"]) == {
-        "volumeID", "code", "message", "currentSize", "copy"
+        "volumeID",
+        "code",
+        "message",
+        "currentSize",
+        "copy",
     }
 
 
