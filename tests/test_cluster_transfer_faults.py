@@ -1,0 +1,294 @@
+"""The node-to-node copy under faults, between two nodes' topolvm-node processes on real LVM
+(docs/transfer.md): the receiving topolvm-node SIGKILLed, then the sending one, and the link
+between the nodes cut, each in the middle of a copy: the copy goes on from its last checkpoint
+(the bytes sent say it did not start over) and the data matches. The transfer port refuses
+what it must: no or a bad token, another ServiceAccount's, the right one on the wrong node, an
+unknown job, a finished one; and a source being copied is not deleted underneath the copy.
+
+Copies are made as the controller makes them, as LogicalVolume objects (the claims' path is
+tests/test_cluster_transfer.py), and slowed by the nodes' bandwidth cap so a fault lands in
+the middle."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import grpc
+import pytest
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Node
+
+from devtools.testbed.controlplane import ControlPlane
+from devtools.testbed.driver import DriverStack
+from devtools.testbed.umlnode import UmlNode
+from tests.cluster_fixtures import unique
+from tests.helpers import eventually
+from tests.lvm_fixtures import THICK
+from tests.provisioning import shared_nodes
+from tests.transfer_helpers import MiB, metric
+from topolvm.constants import NORMAL
+from topolvm.k8s import api
+from topolvm.k8s.lvobject import LogicalVolumeObject
+from topolvm.proto import csi_pb2 as csi
+from topolvm.proto import csi_pb2_grpc as csi_grpc
+from topolvm.transfer import client, messages
+from topolvm.transfer.errors import ConnectionLost, Refused
+
+pytestmark = pytest.mark.cluster
+
+SIZE = 128 * MiB
+DATA = 96 * MiB  # random; the rest zeros
+RATE = "6Mi"  # per copy: a copy of DATA takes about 16 s
+LV = api.logicalvolume_resource(NORMAL)
+
+
+@pytest.fixture(scope="module")
+def pair(
+    control_plane: ControlPlane, driver: DriverStack, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[UmlNode]]:
+    with shared_nodes(
+        control_plane, tmp_path_factory.mktemp("xfault"), "xfault", [4, 4], [THICK],
+        extra=[f"--transfer-bandwidth={RATE}", "--transfer-io-timeout=6"], kubelet=False,
+    ) as nodes:  # fmt: skip
+        yield nodes
+
+
+@pytest.fixture
+async def lvs(
+    control_plane: ControlPlane, pair: list[UmlNode], cluster_client: AsyncClient
+) -> AsyncIterator[list[str]]:
+    """Names of the LogicalVolumes the test made, deleted at its end."""
+    made: list[str] = []
+    yield made
+    if made:
+        control_plane.kubectl("delete", "logicalvolumes.topolvm.io", *made, "--wait=false",
+                              check=False)  # fmt: skip
+
+    async def gone() -> bool:
+        items, _ = await api.list_all(cluster_client, LV)
+        return not {o["metadata"]["name"] for o in items} & set(made)
+
+    await eventually("the test's LogicalVolumes deleted", gone, timeout=120)
+
+
+def _lv_object(name: str, node: str, copy_source: str = "") -> dict[str, Any]:
+    spec: dict[str, Any] = {"name": name, "nodeName": node, "size": str(SIZE), "deviceClass": "ssd"}
+    if copy_source:
+        spec["copy"] = {"source": copy_source}
+    return {"apiVersion": "topolvm.io/v1", "kind": "LogicalVolume", "metadata": {"name": name},
+            "spec": spec}  # fmt: skip
+
+
+async def _get(client: AsyncClient, name: str) -> LogicalVolumeObject | None:
+    obj = await api.get(client, LV, name)
+    return None if obj is None else LogicalVolumeObject.from_dict(obj)
+
+
+async def _source(cp: ControlPlane, client: AsyncClient, node: UmlNode, made: list[str]) -> str:
+    """A volume on ``node`` with DATA random bytes; its LogicalVolume's name."""
+    name = unique("src")
+    made.append(name)
+    cp.apply(_lv_object(name, node.name))
+
+    async def created() -> LogicalVolumeObject | None:
+        lv = await _get(client, name)
+        return lv if lv is not None and lv.volume_id else None
+
+    lv = await eventually(f"{name} created", created, timeout=60)
+    node.exec("dd", "if=/dev/urandom", f"of=/dev/vg1/{lv.volume_id}", "bs=1M",
+              f"count={DATA // MiB}", "oflag=direct")  # fmt: skip
+    return name
+
+
+def _digest(node: UmlNode, uid: str) -> str:
+    out = node.exec("sh", "-c", f"head -c {SIZE} /dev/vg1/{uid} | sha256sum").stdout
+    return out.split()[0]
+
+
+async def _copying(client: AsyncClient, name: str, past: int = 1) -> LogicalVolumeObject:
+    """Once the copy of ``name`` persisted a checkpoint at ``past`` bytes or more."""
+
+    async def check() -> LogicalVolumeObject | None:
+        lv = await _get(client, name)
+        cp = None if lv is None else lv.copy
+        return lv if cp is not None and cp.checkpoint_offset >= past else None
+
+    result: LogicalVolumeObject = await eventually(f"{name} past {past}", check, timeout=120)
+    return result
+
+
+async def _done(client: AsyncClient, name: str, nodes: list[UmlNode]) -> LogicalVolumeObject:
+    async def check() -> LogicalVolumeObject | None:
+        lv = await _get(client, name)
+        if lv is not None and lv.code:
+            raise AssertionError(f"copy {name} failed: {lv.message}")
+        return lv if lv is not None and lv.copy_done and lv.volume_id else None
+
+    def logs() -> str:
+        return "\n".join(f"{n.name}:\n{n.node_log(lines=25)}" for n in nodes)
+
+    result: LogicalVolumeObject = await eventually(
+        f"copy {name} done", check, timeout=240, details=logs
+    )
+    return result
+
+
+async def _copy(cp: ControlPlane, source: str, node: UmlNode, made: list[str]) -> str:
+    name = unique("copy")
+    made.append(name)
+    cp.apply(_lv_object(name, node.name, copy_source=source))
+    return name
+
+
+@pytest.mark.parametrize("victim", ["receiver", "sender"])
+async def test_a_copy_resumes_after_either_topolvm_node_is_killed(
+    control_plane: ControlPlane, pair: list[UmlNode], cluster_client: AsyncClient,
+    lvs: list[str], victim: str,
+) -> None:  # fmt: skip
+    a, b = pair
+    src = await _source(control_plane, cluster_client, a, lvs)
+    sent_before = metric(a, "topolvm_transfer_data_bytes_total", role="sender")
+    target = await _copy(control_plane, src, b, lvs)
+    await _copying(cluster_client, target, past=16 * MiB)
+    killed = b if victim == "receiver" else a
+    killed.signal("topolvm-node", "SIGKILL", wait=10)
+    if victim == "sender":
+        sent_before = 0.0  # the new process counts from zero
+    killed.respawn("topolvm-node")
+    done = await _done(cluster_client, target, pair)
+    source = await _get(cluster_client, src)
+    assert source is not None and done.copy is not None
+    assert done.copy.resumed_from >= 16 * MiB, done.copy  # went on, not from zero
+    assert done.copy.attempts >= 2
+    assert _digest(b, done.volume_id) == _digest(a, source.volume_id)
+    sent = metric(a, "topolvm_transfer_data_bytes_total", role="sender") - sent_before
+    if victim == "sender":  # the restarted sender sent only what came after the checkpoint
+        assert sent <= DATA - done.copy.resumed_from + 4 * MiB, (sent, done.copy)
+    else:  # everything once, and again only what followed the last checkpoint
+        assert sent < DATA + (DATA - 16 * MiB), (sent, done.copy)
+
+
+async def test_a_copy_resumes_after_the_link_is_cut(
+    control_plane: ControlPlane, pair: list[UmlNode], cluster_client: AsyncClient,
+    lvs: list[str],
+) -> None:  # fmt: skip
+    a, b = pair
+    src = await _source(control_plane, cluster_client, a, lvs)
+    target = await _copy(control_plane, src, b, lvs)
+    await _copying(cluster_client, target, past=16 * MiB)
+    with _link_cut(a, b):
+        await asyncio.sleep(10)  # longer than the I/O timeout: the connection is given up
+    done = await _done(cluster_client, target, pair)
+    source = await _get(cluster_client, src)
+    assert source is not None and done.copy is not None
+    assert done.copy.resumed_from >= 16 * MiB and done.copy.attempts >= 2, done.copy
+    assert _digest(b, done.volume_id) == _digest(a, source.volume_id)
+
+
+@contextlib.contextmanager
+def _link_cut(a: UmlNode, b: UmlNode) -> Iterator[None]:
+    """No packet between the two guests (the API server stays reachable), in this namespace."""
+    rules = (
+        "table inet topolvm_test_cut {\n chain forwarded {\n"
+        "  type filter hook forward priority 0;\n"
+        f"  ip saddr {a.address} ip daddr {b.address} drop\n"
+        f"  ip saddr {b.address} ip daddr {a.address} drop\n }}\n}}\n"
+    )
+    subprocess.run(["nft", "-f", "-"], input=rules, text=True, check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["nft", "delete", "table", "inet", "topolvm_test_cut"], check=False)
+
+
+async def test_the_transfer_port_refuses_what_it_must(
+    control_plane: ControlPlane, pair: list[UmlNode], cluster_client: AsyncClient,
+    lvs: list[str], driver: DriverStack,
+) -> None:  # fmt: skip
+    a, b = pair
+    cp = control_plane
+    src = await _source(cp, cluster_client, a, lvs)
+    target = await _copy(cp, src, b, lvs)
+    lv = await _copying(cluster_client, target, past=1)
+    endpoint = await _endpoint(cluster_client, a)
+
+    def ask(token: str, job: str = target, uid: str = lv.uid) -> None:
+        hello = messages.Hello(version=1, token=token, job=job, job_uid=uid)
+        client.receive(endpoint, hello, _nowhere(), lambda c: None, lambda *x: None,
+                       threading.Event(), 10.0)  # fmt: skip
+
+    def token(account: str, namespace: str, node: str, audience: str = "topolvm-transfer") -> str:
+        bound = ["--bound-object-kind=Node", f"--bound-object-name={node}"]
+        argv = ["create", "token", account, "-n", namespace, f"--audience={audience}", *bound]
+        return cp.kubectl(*argv).strip()
+
+    node_b = token("topolvm-node", "topolvm-system", b.name)
+    cases = [
+        ("not-a-token", {}, "unauthenticated"),
+        (token("topolvm-node", "topolvm-system", b.name, audience="api"), {}, "unauthenticated"),
+        (token("default", "default", b.name), {}, "forbidden"),  # another ServiceAccount
+        (token("topolvm-node", "topolvm-system", a.name), {}, "forbidden"),  # the wrong node
+        (node_b, {"job": "no-such-volume"}, "unknown-job"),
+        (node_b, {"uid": "0b4f5c7e-1111-4222-8333-123456789abc"}, "unknown-job"),
+    ]
+    for tok, kw, reason in cases:
+        with pytest.raises(Refused) as refused:
+            await asyncio.to_thread(ask, tok, **kw)
+        assert refused.value.reason == reason, (kw, refused.value)
+    # a HELLO without a token is no HELLO: the connection ends without an answer
+    with pytest.raises(ConnectionLost):
+        await asyncio.to_thread(_raw_hello, endpoint, b'{"version":1,"job":"x"}')
+
+    # the source cannot go while it is copied: the CSI call says so, and deleting the object
+    # leaves the volume until the copy is done
+    source = await _get(cluster_client, src)
+    assert source is not None
+    async with grpc.aio.insecure_channel(f"unix://{driver.socket}") as channel:
+        stub = csi_grpc.ControllerStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as refusal:
+            await stub.DeleteVolume(csi.DeleteVolumeRequest(volume_id=source.volume_id))
+    assert refusal.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "source of a copy in progress" in (refusal.value.details() or "")
+    cp.kubectl("delete", "logicalvolumes.topolvm.io", src, "--wait=false")
+    done = await _done(cluster_client, target, pair)
+    assert _digest(b, done.volume_id) == _digest(a, source.volume_id)
+
+    async def source_gone() -> bool:
+        return await _get(cluster_client, src) is None
+
+    await eventually("the source removed once the copy is done", source_gone, timeout=60)
+    # the job is finished: asking for it again is a replay
+    with pytest.raises(Refused) as replayed:
+        await asyncio.to_thread(ask, node_b)
+    assert replayed.value.reason == "replayed"
+    assert metric(a, "topolvm_transfer_refusals_total", reason="forbidden") >= 2
+
+
+async def _endpoint(client_: AsyncClient, node: UmlNode) -> client.Endpoint:
+    obj = await api.get(client_, Node, node.name)
+    assert obj is not None
+    ann = obj["metadata"]["annotations"]
+    host, port = ann[NORMAL.transfer_endpoint_annotation].rsplit(":", 1)
+    return client.Endpoint(node.name, host, int(port), ann[NORMAL.transfer_cert_annotation])
+
+
+def _nowhere() -> Any:
+    from topolvm.transfer.jobs import VolumeInfo
+
+    return VolumeInfo("/dev/null", SIZE, False, 0, "")
+
+
+def _raw_hello(endpoint: client.Endpoint, payload: bytes) -> None:
+    from topolvm.transfer import wire
+
+    conn = client.connect(endpoint, 10.0)
+    try:
+        conn.send(wire.control(wire.Kind.HELLO, payload))
+        conn.recv_message(messages.Accept)
+    finally:
+        conn.close()
