@@ -418,3 +418,35 @@ def test_csi_sidecars_are_dropped_one_at_a_time() -> None:
     argv = topolvm_argv(topolvm)
     assert argv is not None and flag(argv, "--register-with-kubelet") is None
     assert flag(argv, "--health-probe-bind-address") == ":9808"
+
+
+def test_the_transfer_port_its_token_and_rbac_are_rendered_and_can_be_turned_off() -> None:
+    """docs/transfer.md: the node pods serve the transfer port on their IP, carry the projected
+    token receivers show, may review tokens; the sidecars pass the claim's name on."""
+    docs = render(sets=("node.transfer.bandwidthLimit=100Mi",))
+    [node] = container(docs, "topolvm-node")
+    argv = topolvm_argv(node)
+    assert argv is not None
+    assert {"--transfer-bind-address=:9850", "--transfer-bandwidth=100Mi"} <= set(argv)
+    options = options_from_args(build_parser().parse_args([*argv, "--nodename=n1"]))
+    assert options.transfer.limits.bandwidth == 100 << 20
+    assert {"name": "transfer", "containerPort": 9850, "protocol": "TCP"} in node["ports"]
+    assert any(e["name"] == "POD_IP" for e in node["env"])
+    [ds] = [d for d in kinds(docs, "DaemonSet").values() if "node" in d["metadata"]["name"]]
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    [source] = volumes["transfer-token"]["projected"]["sources"]
+    assert source["serviceAccountToken"]["audience"] == "topolvm-transfer"
+    mount = next(m for m in node["volumeMounts"] if m["name"] == "transfer-token")
+    assert mount["mountPath"] == "/var/run/secrets/topolvm.io/transfer" and mount["readOnly"]
+    [role] = [r for n, r in kinds(docs, "ClusterRole").items() if n.endswith("topolvm-node")]
+    rules = [
+        (tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]
+    ]
+    assert (("authentication.k8s.io",), ("tokenreviews",), ("create",)) in rules
+    for sidecar in ("csi-provisioner", "csi-snapshotter"):
+        assert "--extra-create-metadata" in argv_of(container(docs, sidecar)[0])
+
+    off = render(sets=("node.transfer.enabled=false",))
+    [node] = container(off, "topolvm-node")
+    assert "--transfer-bind-address=0" in (topolvm_argv(node) or [])
+    assert not any(m["name"] == "transfer-token" for m in node["volumeMounts"])
