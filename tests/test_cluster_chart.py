@@ -32,7 +32,7 @@ from devtools.testbed.umlnode import UmlNode
 from tests.cluster_fixtures import GROUP_LABEL, UmlNodes, chart_release, unique
 from tests.helpers import eventually
 from tests.lvm_fixtures import THICK, THIN
-from tests.provisioning import NS, GiB, Scenario, bound, claim, pod, pvc, scheduled
+from tests.provisioning import NS, GiB, Scenario, bound, claim, events_for, pod, pvc, scheduled
 from topolvm.constants import NORMAL
 from topolvm.k8s import api
 
@@ -213,11 +213,17 @@ async def test_chart_pods_run_a_volume_life_cycle(
         s.exec(writer, f"echo after >> /{thin}/file && sync")
         restored, reader = unique("restored"), unique("app")
         source = {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": snap}
-        reading = pod(reader, s.group, [restored])  # a thin snapshot is in its origin's pool
-        reading["spec"]["nodeSelector"]["kubernetes.io/hostname"] = await scheduled(client, writer)
+        # restored on the other node: the chart's node pods copy it between their transfer
+        # ports (pod IPs, projected tokens, TokenReview) and report to the claim's Events
+        here = await scheduled(client, writer)
+        reading = pod(reader, s.group, [restored])
+        other = next(n.name for n in nodes if n.name != here)
+        reading["spec"]["nodeSelector"]["kubernetes.io/hostname"] = other
         s.apply(claim(restored, "chart-thin", "1Gi", source=source), reading)
         await s.running(reader, timeout=300)
         assert s.exec(reader, f"cat /{restored}/file") == "before\n"
+        copied = await events_for(client, "PersistentVolumeClaim", restored)
+        assert any(e.startswith("CopyDone:") for e in copied), copied
 
         # delete the first volume: csi-provisioner's DeleteVolume removes PV, LogicalVolume, LV
         pv_name = (await bound(client, data))["spec"]["volumeName"]
