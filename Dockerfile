@@ -37,6 +37,7 @@ RUN apt-get update \
       util-linux \
       mount \
       file \
+      thin-provisioning-tools \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/topolvm /opt/topolvm
 # `topolvm` on PATH, and upstream's component names (topolvm dispatches on argv[0]).

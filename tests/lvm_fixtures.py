@@ -16,6 +16,7 @@ from tests import uml_tier
 from topolvm.config import lvmd as lvmd_file
 from topolvm.lvmd.server import LvmdServer, Options
 from topolvm.proto import lvmd_pb2_grpc as pb_grpc
+from topolvm.proto import volumedata_pb2_grpc as vd_grpc
 
 GiB = 1 << 30
 THICK_DC: dict[str, Any] = {"name": "ssd", "volume-group": "vg1", "default": True}
@@ -96,6 +97,7 @@ class LvmdClient:
     channel: grpc.aio.Channel
     lv: pb_grpc.LVServiceAsyncStub
     vg: pb_grpc.VGServiceAsyncStub
+    data: vd_grpc.VolumeDataAsyncStub
 
 
 async def start_lvmd(raw: dict[str, Any], **options: Any) -> LvmdClient:
@@ -104,7 +106,8 @@ async def start_lvmd(raw: dict[str, Any], **options: Any) -> LvmdClient:
     await server.start()
     channel = grpc.aio.insecure_channel(f"unix:{config.socket_name}")
     return LvmdClient(
-        server, channel, pb_grpc.LVServiceStub(channel), pb_grpc.VGServiceStub(channel)
+        server, channel, pb_grpc.LVServiceStub(channel), pb_grpc.VGServiceStub(channel),
+        vd_grpc.VolumeDataStub(channel),
     )
 
 

@@ -191,9 +191,10 @@ async def test_create_failure_is_final_with_code_and_message(
     ("spec", "code", "text"),
     [
         ({"deviceClass": "nvme"}, 5, "device-class not found"),  # NOT_FOUND
-        ({"source": "THICK_SOURCE", "accessType": "ro"}, 12, ""),  # UNIMPLEMENTED on thick
+        # a thick snapshot is an LV of its own, filled by a copy: it needs the VG's room
+        ({"source": "THICK_SOURCE", "accessType": "ro", "size": "1000Gi"}, 8, "no enough space"),
     ],
-    ids=["unknown-device-class", "snapshot-of-thick"],
+    ids=["unknown-device-class", "snapshot-of-thick-past-the-vg"],
 )
 async def test_requests_lvmd_refuses_get_its_code(
     shared_node: UmlNode, cluster_client: AsyncClient, spec: dict[str, str], code: int, text: str

@@ -28,6 +28,7 @@ from topolvm.controller.sizing import (
     node_from_topology,
     volume_size,
 )
+from topolvm.csi.accessmode import mode_name
 from topolvm.csi.mountflags import check_mount_flags
 from topolvm.k8s import errors as kube
 from topolvm.k8s.lvobject import LogicalVolumeObject
@@ -135,8 +136,8 @@ class ControllerService:
             if cap.WhichOneof("access_type") not in ("block", "mount"):
                 raise status.InvalidArgument("unknown or empty access_type")
             if cap.HasField("access_mode") and cap.access_mode.mode != SINGLE_NODE_WRITER:
-                mode = csi.VolumeCapability.AccessMode.Mode.Name(cap.access_mode.mode)
-                raise status.InvalidArgument(f"unsupported access mode: {mode}")
+                mode = cap.access_mode.mode
+                raise status.InvalidArgument(f"unsupported access mode: {mode_name(mode)} ({mode})")
             if cap.WhichOneof("access_type") == "mount":
                 check_mount_flags(cap.mount.mount_flags)
         first = caps[0]

@@ -16,12 +16,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 from topolvm.constants import Names
+from topolvm.csi.accessmode import mode_name
 from topolvm.csi.mountflags import check_path
 from topolvm.node import mounter
 from topolvm.node.condition import InvalidLvAttr, condition_from_attr
 from topolvm.node.csirequests import (
     check_capacity_range,
-    mode_name,
     mount_options,
     require,
 )
@@ -301,6 +301,7 @@ class NodeService:
         require(path, "volume_path")
         if not os.path.isabs(path):
             raise status.NotFound(f"Volume is not found at {path}")
+        check_path(path, "volume_path")
         async with self.locks.hold(volume_id):
             try:
                 st = await asyncio.to_thread(os.stat, path)
@@ -356,6 +357,8 @@ class NodeService:
         volume_id, path = request.volume_id, request.volume_path
         require(volume_id, "volume_id")
         require(path, "volume_path")
+        if os.path.isabs(path):
+            check_path(path, "volume_path")
         check_capacity_range(request)
         if request.volume_capability.HasField("block"):
             return csi.NodeExpandVolumeResponse()  # the LV already has its new size

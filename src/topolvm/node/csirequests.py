@@ -3,8 +3,6 @@ field is an INVALID_ARGUMENT naming it."""
 
 from __future__ import annotations
 
-from typing import Any, cast
-
 from topolvm.csi.mountflags import check_mount_flags
 from topolvm.proto import csi_pb2 as csi
 from topolvm.rpc import status
@@ -46,10 +44,3 @@ def check_capacity_range(request: csi.NodeExpandVolumeRequest) -> None:
         raise status.InvalidArgument(
             f"requested capacity exceeds limit capacity: request={required} limit={limit}",
         )
-
-
-def mode_name(mode: int) -> str:
-    try:
-        return AccessMode.Mode.Name(cast(Any, mode))
-    except ValueError:
-        return "UNKNOWN"

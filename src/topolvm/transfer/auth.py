@@ -40,23 +40,29 @@ def service_account_user(namespace: str, name: str) -> str:
     return f"system:serviceaccount:{namespace}:{name}"
 
 
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def check_review(review: dict[str, Any], audience: str, accounts: Collection[str]) -> Peer:
-    status = review.get("status") or {}
-    if not status.get("authenticated"):
+    status = _mapping(review.get("status"))
+    if status.get("authenticated") is not True:
         why = status.get("error") or "the API server did not authenticate it"
         raise Refused("unauthenticated", f"the token is not valid: {why}")
-    if audience not in (status.get("audiences") or []):
+    audiences = status.get("audiences")
+    if not isinstance(audiences, list) or audience not in audiences:
         raise Refused("unauthenticated", f"the token is not meant for the audience {audience!r}")
-    user = status.get("user") or {}
-    username = str(user.get("username") or "")
+    user = _mapping(status.get("user"))
+    username = user.get("username")
+    username = username if isinstance(username, str) else ""
     if username not in accounts:
         raise Refused(
             "forbidden",
             f"{username or 'an anonymous user'} is not topolvm-node's ServiceAccount "
             f"({', '.join(sorted(accounts))})",
         )
-    nodes = (user.get("extra") or {}).get(NODE_NAME_KEY) or []
-    node = str(nodes[0]) if isinstance(nodes, list) and nodes else ""
+    nodes = _mapping(user.get("extra")).get(NODE_NAME_KEY)
+    node = nodes[0] if isinstance(nodes, list) and nodes and isinstance(nodes[0], str) else ""
     if not node:
         raise Refused(
             "forbidden",

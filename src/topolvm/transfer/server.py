@@ -73,6 +73,8 @@ def _checked(
     resume: messages.Resume, size: int, memory: JobMemory | None
 ) -> tuple[int, bytes | None, str]:
     offset, state = resume.offset, bytes.fromhex(resume.digest)
+    if offset == 0:
+        return 0, None, ""  # the start: the chain starts from its own initial value
     if offset % wire.SEGMENT or offset > size:
         return 0, None, f"checkpoint {offset} is not a segment boundary of the volume"
     if memory is not None:

@@ -1,0 +1,103 @@
+"""What the node-to-node copy asks of lvmd, against real LVM inside User-Mode Linux: thick
+(COW) snapshots as large as their origin, which then cannot grow or be removed under them; a
+volume's device, size and chunk (DescribeLV); a thin volume's mapped blocks from a reserved
+metadata snapshot (ThinMappings), also after a reservation was left behind."""
+
+# ruff: noqa: F811  (fixtures imported from tests.lvmd_lvm_helpers are parameters here)
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import grpc
+import pytest
+
+from tests.lvm_fixtures import GiB, LvmdClient, code_of, lvm
+from tests.lvmd_lvm_helpers import MiB, both, lv_report, vg_free  # noqa: F401
+from topolvm.proto import lvmd_pb2 as pb
+from topolvm.proto import volumedata_pb2 as vd
+
+pytestmark = pytest.mark.uml
+
+
+async def test_a_thick_snapshot_is_as_large_as_its_origin_and_guards_it(both: LvmdClient) -> None:
+    await both.lv.CreateLV(pb.CreateLVRequest(name="k", size_bytes=GiB))
+    free = vg_free("vg1")
+    req = pb.CreateLVSnapshotRequest(name="k-cut", source_volume="k", access_type="ro")
+    snap = (await both.lv.CreateLVSnapshot(req)).snapshot
+    assert snap.size_bytes == GiB  # reads as the origin
+    row = lv_report("vg1")["k-cut"]
+    assert row["origin"] == "k" and row["lv_attr"][1] == "r"
+    assert free - vg_free("vg1") >= GiB  # the COW can hold every chunk: it never fills up
+    again = (await both.lv.CreateLVSnapshot(req)).snapshot  # a retry finds it
+    assert again.name == "k-cut"
+    described = await both.data.DescribeLV(vd.DescribeLVRequest(name="k"))
+    assert described.cow_origin and not described.thin and described.chunk_bytes == 0
+
+    code, msg = await code_of(both.lv.ResizeLV(pb.ResizeLVRequest(name="k", size_bytes=2 * GiB)))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "COW snapshot" in msg
+    code, msg = await code_of(both.lv.RemoveLV(pb.RemoveLVRequest(name="k")))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "remove the snapshot first" in msg
+    assert "k" in lv_report("vg1")
+
+    await both.lv.RemoveLV(pb.RemoveLVRequest(name="k-cut"))
+    resized = await both.lv.ResizeLV(pb.ResizeLVRequest(name="k", size_bytes=2 * GiB))
+    assert resized.size_bytes == 2 * GiB
+    described = await both.data.DescribeLV(vd.DescribeLVRequest(name="k"))
+    assert not described.cow_origin and described.size_bytes == 2 * GiB
+
+
+def _lv_fields(full: str, fields: str) -> dict[str, str]:
+    out = lvm("lvs", full, "--reportformat", "json", "--units", "b", "--nosuffix", "-o", fields)
+    row: dict[str, str] = json.loads(out)["report"][0]["lv"][0]
+    return row
+
+
+async def test_a_thin_volume_maps_only_what_was_written(both: LvmdClient) -> None:
+    await both.lv.CreateLV(pb.CreateLVRequest(name="t", device_class="thin", size_bytes=64 * MiB))
+    described = await both.data.DescribeLV(vd.DescribeLVRequest(name="t", device_class="thin"))
+    chunk = int(_lv_fields("vg1/pool0", "chunk_size")["chunk_size"])
+    assert described.thin and described.chunk_bytes == chunk
+    assert described.path == "/dev/vg1/t" and described.size_bytes == 64 * MiB
+    assert described.uuid == _lv_fields("vg1/t", "lv_uuid")["lv_uuid"]
+
+    async def mapped() -> list[tuple[int, int]]:
+        req = vd.ThinMappingsRequest(name="t", device_class="thin")
+        return [(o, n) for m in await _all(both.data.ThinMappings(req))
+                for o, n in zip(m.offsets, m.lengths, strict=True)]  # fmt: skip
+
+    assert await mapped() == []
+    for offset in (0, 10):
+        _run("dd", "if=/dev/urandom", "of=/dev/vg1/t", "bs=1M", f"seek={offset}", "count=1",
+             "oflag=direct")  # fmt: skip
+    assert await mapped() == [(0, MiB), (10 * MiB, MiB)]
+
+    # a metadata snapshot an earlier lvmd left reserved is released and taken again
+    tpool = "vg1-pool0-tpool"
+    _run("dmsetup", "message", tpool, "0", "reserve_metadata_snap")
+    assert await mapped() == [(0, MiB), (10 * MiB, MiB)]
+    status = _run("dmsetup", "status", tpool).split()
+    assert status[6] == "-", status  # no reservation held afterwards (the held root)
+
+
+async def test_volume_data_refuses_what_it_cannot_describe(both: LvmdClient) -> None:
+    await both.lv.CreateLV(pb.CreateLVRequest(name="k", size_bytes=GiB))
+    code, _ = await code_of(_all(both.data.ThinMappings(vd.ThinMappingsRequest(name="k"))))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    code, _ = await code_of(both.data.DescribeLV(vd.DescribeLVRequest(name="nope")))
+    assert code == grpc.StatusCode.NOT_FOUND
+    code, _ = await code_of(both.data.DescribeLV(vd.DescribeLVRequest(name="--all")))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    unknown = vd.DescribeLVRequest(name="k", device_class="nvme")
+    code, _ = await code_of(both.data.DescribeLV(unknown))
+    assert code == grpc.StatusCode.NOT_FOUND
+
+
+def _run(*argv: str) -> str:
+    """A quick command in the guest (the tests' view of LVM and device-mapper)."""
+    return subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+
+
+async def _all(stream: object) -> list[vd.ThinMappingsResponse]:
+    return [m async for m in stream]  # type: ignore[attr-defined]
