@@ -106,7 +106,10 @@ async def start_lvmd(raw: dict[str, Any], **options: Any) -> LvmdClient:
     await server.start()
     channel = grpc.aio.insecure_channel(f"unix:{config.socket_name}")
     return LvmdClient(
-        server, channel, pb_grpc.LVServiceStub(channel), pb_grpc.VGServiceStub(channel),
+        server,
+        channel,
+        pb_grpc.LVServiceStub(channel),
+        pb_grpc.VGServiceStub(channel),
         vd_grpc.VolumeDataStub(channel),
     )
 
