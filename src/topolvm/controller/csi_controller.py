@@ -11,8 +11,6 @@ kube-scheduler for another node.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import datetime
 import logging
 from typing import Any
 
@@ -28,6 +26,7 @@ from topolvm.controller.sizing import (
     node_from_topology,
     volume_size,
 )
+from topolvm.controller.snapshots import Snapshots
 from topolvm.csi.accessmode import mode_name
 from topolvm.csi.mountflags import check_mount_flags
 from topolvm.k8s import errors as kube
@@ -72,17 +71,6 @@ def _translate(e: Exception) -> status.StatusError | None:
 
 
 _NOT_OFFERED = "not implemented by topolvm-controller"
-# how long CreateSnapshot waits for a copy to fill the snapshot before it answers "not ready yet"
-# (csi-snapshotter asks again: its default timeout is a minute)
-SNAPSHOT_WAIT = 20.0
-
-
-def _timestamp(text: str) -> int | None:
-    """An RFC 3339 creationTimestamp as seconds since the epoch."""
-    try:
-        return int(datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp())
-    except ValueError:
-        return None
 
 
 def rpc(fn: Any) -> Any:
@@ -112,6 +100,7 @@ class ControllerService:
         self.metrics = metrics
         self.minimums = minimums or MinimumAllocations()
         self.ledger = CapacityLedger(names, nodes, store, metrics)
+        self.snapshots = Snapshots(names, store, nodes, self.ledger)
         self.name_locks = KeyedLocks()
         self.id_locks = KeyedLocks()
 
@@ -370,58 +359,8 @@ class ControllerService:
         except copies.PlacementError as e:
             raise status.InvalidArgument(str(e)) from e
         async with self.name_locks.hold(name):
-            src = await self.store.find_by_volume_id(request.source_volume_id)
-            if src is None:
-                raise status.NotFound(f"source volume {request.source_volume_id} is not found")
-            size = src.current_size or src.size
-            req = await self._snapshot_request(request, name, src, size, where)
-            await self.store.create(req)
-            # the LV exists (its id is the snapshot's); a copy may still fill it: ready later
-            lv = await self.store.wait_created(name, filled=False)
-            with contextlib.suppress(TimeoutError):
-                lv = await asyncio.wait_for(self.store.wait_created(name), SNAPSHOT_WAIT)
-        snapshot = csi.Snapshot(
-            size_bytes=lv.current_size or size,
-            snapshot_id=lv.volume_id,
-            source_volume_id=request.source_volume_id,
-            ready_to_use=lv.copy_done,
-        )
-        created = _timestamp(lv.created)
-        if created is None:
-            snapshot.creation_time.GetCurrentTime()
-            snapshot.creation_time.nanos = 0
-        else:
-            snapshot.creation_time.seconds = created
+            snapshot = await self.snapshots.create(request, name, where)
         return csi.CreateSnapshotResponse(snapshot=snapshot)
-
-    async def _snapshot_request(
-        self, request: csi.CreateSnapshotRequest, name: str, src: LogicalVolumeObject, size: int,
-        where: copies.Placement,
-    ) -> VolumeRequest:  # fmt: skip
-        """On the source's node (its node makes a thin snapshot, or copies a thick volume), or
-        on another one that the class chooses, filled by a copy."""
-        waiting = copies.waiting_object(request.parameters, copies.SNAPSHOT_NAME,
-                                        copies.SNAPSHOT_NAMESPACE)  # fmt: skip
-        annotations = ((self.names.snapshot_annotation, waiting),) if waiting else ()
-        dc = src.device_class
-        if not where.off_node:
-            return VolumeRequest(name, src.node_name, size, dc, "", src.name, "ro",
-                                 annotations=annotations)  # fmt: skip
-        existing = await self.store.get(name)
-        node = existing.node_name if existing is not None else None
-        if node is None:
-            names = self.nodes.names()
-            free = {n: self.ledger.free_bytes(n, dc) for n in names
-                    if self.ledger.annotation(n, dc) is not None}  # fmt: skip
-            labels = {n: self.nodes.labels(n) or {} for n in names}
-            node = copies.snapshot_node(where, src.node_name, free, labels, size)
-        if node is None:
-            raise status.ResourceExhausted(
-                f"no node but the source's ({src.node_name}) has {size} bytes free in device "
-                f"class {dc!r} for the snapshot, on {where.describe()}"
-            )
-        return VolumeRequest(name, node, size, dc, access_type="ro", copy_source=src.name,
-                             annotations=annotations)  # fmt: skip
 
     @rpc
     async def DeleteSnapshot(self, request: csi.DeleteSnapshotRequest, context: Ctx) -> Any:

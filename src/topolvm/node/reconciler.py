@@ -22,7 +22,8 @@ from topolvm.k8s import api
 from topolvm.k8s import errors as kube
 from topolvm.k8s.lvobject import CopyStatus, InvalidQuantity, LogicalVolumeObject, status_dict
 from topolvm.k8s.runtime import Controller, Informer, ReconcileError, Result, resource_version
-from topolvm.node.copies import CopyJobs, copy_patch
+from topolvm.node.copies import CopyJobs
+from topolvm.node.copyreport import copy_patch
 from topolvm.node.lvmd_client import LvmdCallError, LvmdClient
 from topolvm.proto import lvmd_pb2 as pb
 

@@ -1,0 +1,238 @@
+"""How a copy reports (docs/transfer.md): its target's ``status.copy`` (phase, bytes, rate,
+the checkpoint after every sync, the digest at the end), Events on the claim or VolumeSnapshot
+that waits for it, and the node's metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from grpclib.const import Status
+from lightkube import AsyncClient
+
+from topolvm.constants import Names
+from topolvm.k8s import api, events
+from topolvm.k8s import errors as kube
+from topolvm.k8s.lvobject import CopyPhase, CopyStatus, InvalidQuantity, LogicalVolumeObject
+from topolvm.transfer import client, messages
+from topolvm.transfer.errors import DigestMismatch, TransferError
+from topolvm.transfer.metrics import TransferMetrics
+
+log = logging.getLogger(__name__)
+
+
+class CopyImpossible(TransferError):
+    """What no retry mends: the copy fails, and its target with it."""
+
+    transient = False
+
+
+class SourceGone(CopyImpossible):
+    pass
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n} B"
+
+
+@dataclass
+class Run:
+    """What the worker thread reports while one attempt runs."""
+
+    lv: LogicalVolumeObject
+    status: CopyStatus
+    started: float
+    base_transferred: int
+    position: int = 0
+    data: int = 0
+    last_event_quarter: int = 0
+
+
+class CopyReporter:
+    def __init__(
+        self, client: AsyncClient, names: Names, node: str, metrics: TransferMetrics
+    ) -> None:
+        self.client = client
+        self.names = names
+        self.node = node
+        self.metrics = metrics
+        self.resource = api.logicalvolume_resource(names)
+
+    async def read(self, name: str) -> LogicalVolumeObject | None:
+        obj = await api.get(self.client, self.resource, name)
+        try:
+            return None if obj is None else LogicalVolumeObject.from_dict(obj)
+        except (InvalidQuantity, KeyError, TypeError, ValueError):
+            return None
+
+    async def accepted(self, run: Run, accept: messages.Accept) -> None:
+        run.position = accept.offset
+        run.started = time.monotonic()
+        run.status = replace(
+            run.status,
+            total_bytes=accept.size,
+            resumed_from=accept.offset,
+            source_id=accept.source_id,
+            message=f"copying {accept.source}",
+        )
+        if accept.offset == 0:  # started over: the old checkpoint is void
+            run.status = replace(run.status, checkpoint_offset=0, checkpoint_digest="")
+        await self.write(run.lv, run.status)
+        start = f"from offset {accept.offset}" if accept.offset else "from the start"
+        note = f" ({accept.note})" if accept.note else ""
+        await self.event(
+            run.lv,
+            "CopyStarted",
+            f"copying {human(accept.size)} from {accept.source}, {start}{note}",
+        )
+
+    def persister(self, run: Run, loop: asyncio.AbstractEventLoop) -> client.Persist:
+        """A checkpoint from the worker thread: written to status before the sender hears."""
+
+        def persist(cp: client.Checkpoint) -> None:
+            future = asyncio.run_coroutine_threadsafe(self.checkpoint(run, cp), loop)
+            future.result(timeout=60)
+
+        return persist
+
+    async def checkpoint(self, run: Run, cp: client.Checkpoint) -> None:
+        elapsed = max(time.monotonic() - run.started, 0.001)
+        rate = int((cp.offset - run.status.resumed_from) / elapsed)
+        run.status = replace(
+            run.status,
+            checkpoint_offset=cp.offset,
+            checkpoint_digest=cp.digest.hex(),
+            source_id=cp.source_id,
+            done_bytes=cp.offset,
+            bytes_per_second=max(rate, 0),
+            transferred_bytes=run.base_transferred + run.data,
+        )
+        await self.write(run.lv, run.status)
+        total = run.status.total_bytes or 1
+        quarter = cp.offset * 4 // total
+        if quarter > run.last_event_quarter:
+            run.last_event_quarter = quarter
+            await self.event(
+                run.lv,
+                "CopyProgress",
+                f"{cp.offset * 100 // total}% copied "
+                f"({human(cp.offset)} of {human(total)}, {human(rate)}/s)",
+            )
+
+    def progress(self, run: Run) -> client.Progress:
+        last = [0.0]
+
+        def progress(position: int, size: int, data: int) -> None:
+            run.position, run.data = position, data
+            now = time.monotonic()
+            if now - last[0] >= 1.0:
+                last[0] = now
+                rate = (position - run.status.resumed_from) / max(now - run.started, 0.001)
+                self.metrics.job(run.lv.name, position, size, rate)
+                if run.status.total_bytes != size:
+                    run.status = replace(run.status, total_bytes=size)
+
+        return progress
+
+    async def done(self, run: Run, digest: bytes, source: str) -> None:
+        elapsed = time.monotonic() - run.started
+        total = run.status.total_bytes or run.position
+        status = replace(
+            run.status,
+            phase=CopyPhase.DONE,
+            digest=digest.hex(),
+            done_bytes=total,
+            completion_time=now(),
+            transferred_bytes=run.base_transferred + run.data,
+            message=f"copied from {source} and verified",
+        )
+        await self.write(run.lv, status)
+        self.metrics.job_ended(run.lv.name)
+        self.metrics.finished.labels(self.node, "receiver", "succeeded").inc()
+        log.info(
+            "copy done",
+            extra={
+                "lv": run.lv.name,
+                "bytes": total,
+                "secs": round(elapsed, 1),
+                "data_bytes": run.data,
+            },
+        )
+        await self.event(
+            run.lv,
+            "CopyDone",
+            f"{human(total)} copied from {source} and "
+            f"verified in {elapsed:.0f}s ({human(run.data)} of data moved)",
+        )
+
+    async def waiting(self, lv: LogicalVolumeObject, e: TransferError, delay: float) -> None:
+        current = (await self.read(lv.name)) or lv
+        prior = current.copy or CopyStatus()
+        message = f"waiting: {e}; next try in {delay:.0f}s"
+        log.warning("copy interrupted", extra={"lv": lv.name, "error": str(e), "retry_in": delay})
+        if prior.message.split("; next try")[0] != message.split("; next try", maxsplit=1)[0]:
+            await self.event(lv, "CopyWaiting", message, warning=True)
+        await self.write(
+            current, replace(prior, phase=CopyPhase.PENDING, message=message, bytes_per_second=0)
+        )
+
+    async def failed(self, lv: LogicalVolumeObject, e: TransferError) -> None:
+        code = Status.DATA_LOSS if isinstance(e, DigestMismatch) else Status.FAILED_PRECONDITION
+        if isinstance(e, SourceGone):
+            code = Status.NOT_FOUND
+        current = (await self.read(lv.name)) or lv
+        prior = current.copy or CopyStatus()
+        message = f"copy failed: {e}"
+        log.error("copy failed", extra={"lv": lv.name, "error": str(e)})
+        await self.write(
+            current,
+            replace(prior, phase=CopyPhase.FAILED, message=message),
+            code=code.value,
+            failure=message,
+        )
+        self.metrics.job_ended(lv.name)
+        self.metrics.finished.labels(self.node, "receiver", "failed").inc()
+        await self.event(lv, "CopyFailed", message, warning=True)
+
+    async def write(
+        self, lv: LogicalVolumeObject, copy: CopyStatus, *, code: int = 0, failure: str = ""
+    ) -> None:
+        body: dict[str, Any] = {"copy": copy_patch(copy)}
+        if code:
+            body.update(code=code, message=failure)
+        with contextlib.suppress(kube.NotFound):
+            await api.patch_merge(self.client, self.resource.Status, lv.name, {"status": body})
+
+    async def event(self, lv: LogicalVolumeObject, reason: str, message: str,
+                     warning: bool = False) -> None:  # fmt: skip
+        for key, kind, version in (
+            (self.names.claim_annotation, "PersistentVolumeClaim", "v1"),
+            (self.names.snapshot_annotation, "VolumeSnapshot", "snapshot.storage.k8s.io/v1"),
+        ):  # fmt: skip
+            about = events.ObjectRef.parse(kind, lv.annotations.get(key, ""), version)
+            if about is not None:
+                await events.post(
+                    self.client, about, reason, message, warning=warning, component="topolvm-node"
+                )
+
+
+def copy_patch(copy: CopyStatus) -> dict[str, Any]:
+    """``status.copy`` as a merge patch: every field, the empty ones removed."""
+    full = copy.to_dict()
+    for _, key in CopyStatus._KEYS:
+        full.setdefault(key, None)
+    full.setdefault("checkpoint", None)
+    return full
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
