@@ -6,7 +6,10 @@ their TLS transfer ports, authenticated with the nodes' ServiceAccount tokens.""
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 from lightkube import AsyncClient
@@ -15,8 +18,10 @@ from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import DriverStack
 from devtools.testbed.umlnode import UmlNode
 from tests.cluster_fixtures import unique
+from tests.doctor_helpers import about, doctor
+from tests.helpers import eventually
 from tests.lvm_fixtures import THICK, THIN
-from tests.provisioning import GiB, Scenario, claim, shared_nodes
+from tests.provisioning import GiB, Scenario, claim, events_for, pvc, shared_nodes
 from tests.transfer_helpers import (
     MiB,
     from_snapshot,
@@ -156,6 +161,60 @@ async def test_thin_and_thick_claims_clone_onto_another_node(abc: Scenario) -> N
         lv = await logical_volume_of(s, p.volume_id)
         assert lv.node_name == b.name and lv.copy is not None and lv.copy.source_node == a.name
     assert not any(k.startswith("cut.") for k in a.lvs("vg1"))
+
+
+async def test_doctor_names_the_source_node_a_claim_waits_for(abc: Scenario) -> None:
+    """A restore whose source node B cannot reach (its transfer port refused): the claim stays
+    Pending, the copy waits and says why, topolvm doctor names node A; healed, it binds."""
+    s = abc
+    a, b, _ = s.nodes
+    thin = s.sc(device_class="thin", fs_type="xfs")
+    vsc = unique("vsc")
+    s.apply(snapshot_class(vsc))
+    src, writer = unique("src"), unique("writer")
+    s.apply(claim(src, thin, "256Mi"), on_node(writer, s.group, a.name, [src]))
+    await s.running(writer)
+    sums = write_data(s, writer, src, mib=8)
+    snap = unique("snap")
+    s.apply(snapshot(snap, vsc, src))
+    await ready_snapshot(s, snap)
+    restored, reader = unique("restored"), unique("reader")
+    with refused(b, a):
+        s.apply(claim(restored, thin, "256Mi", source=from_snapshot(snap)),
+                on_node(reader, s.group, b.name, [restored]))  # fmt: skip
+
+        async def named() -> Any:
+            _, doc = await doctor(s.cp, "-n", "default")
+            found = about(doc, "copy-progress", restored)
+            return found[0] if found and "waits for node" in found[0]["title"] else None
+
+        finding = await eventually("doctor names the source node", named, timeout=120)
+        assert finding["title"].endswith(f"its copy waits for node {a.name}")
+        assert "refused" in finding["cause"].lower(), finding
+        events = await events_for(s.client, "PersistentVolumeClaim", restored)
+        assert any(e.startswith("CopyWaiting:") for e in events), events
+        assert (await pvc(s.client, restored) or {})["status"]["phase"] == "Pending"
+    await s.running(reader, timeout=300)  # the copy goes on once the port answers
+    assert read_sums(s, reader, restored).replace(restored, src) == sums
+    _, doc = await doctor(s.cp, "-n", "default")
+    assert about(doc, "copy-progress", restored) == []
+
+
+@contextlib.contextmanager
+def refused(client_node: UmlNode, server: UmlNode) -> Iterator[None]:
+    """``client_node``'s connections to ``server``'s transfer port are refused (a TCP reset),
+    in the test's network namespace; the API server stays reachable."""
+    rules = (
+        "table inet topolvm_test_refuse {\n chain forwarded {\n"
+        "  type filter hook forward priority 0;\n"
+        f"  ip saddr {client_node.address} ip daddr {server.address} tcp dport 9850 "
+        "reject with tcp reset\n }\n}\n"
+    )
+    subprocess.run(["nft", "-f", "-"], input=rules, text=True, check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["nft", "delete", "table", "inet", "topolvm_test_refuse"], check=False)
 
 
 async def test_a_snapshot_kept_on_another_node_outlives_its_node(abc: Scenario) -> None:

@@ -20,7 +20,7 @@ from topolvm.doctor.collect import metrics_port, thin_pools
 from topolvm.doctor.model import Finding, Severity
 from topolvm.doctor.run import diagnose
 from topolvm.doctor.scope import Scope
-from topolvm.doctor.snapshot import Snapshot
+from topolvm.doctor.snapshot import Obj, Snapshot
 
 GiB = 1 << 30
 SEED_FREE = 257693843456
@@ -368,3 +368,38 @@ def test_events_of_an_earlier_pod_of_the_same_name_are_not_evidence() -> None:
     snap["pods"][0]["metadata"]["uid"] = "new-uid"
     snap["events"][0]["involvedObject"]["uid"] = "old-uid"
     assert run("marker-without-extender", snap) == []
+
+
+def _copying(name: str, phase: str, message: str, node: str = "w2", source: str = "snap-1",
+             done: int = 3 * GiB, total: int = 10 * GiB) -> tuple[str, Obj]:  # fmt: skip
+    kind, lv = s.lv(f"pvc-{name}-uid", node)
+    lv["metadata"]["annotations"] = {"topolvm.io/claim": f"app/{name}"}
+    lv["spec"]["copy"] = {"source": source}
+    lv["status"] = {"volumeID": "x", "copy": {
+        "phase": phase, "message": message, "sourceNode": "w1", "doneBytes": done,
+        "totalBytes": total, "bytesPerSecond": 80 << 20, "attempts": 2}}  # fmt: skip
+    return kind, lv
+
+
+def test_a_claim_waiting_on_a_copy_shows_its_progress_or_names_the_unreachable_node() -> None:
+    snap = s.snapshot(
+        *s.node("w1"), *s.node("w2"), s.sc(), s.lv("snap-1", "w1"),
+        s.pvc("copying"), _copying("copying", "Copying", "copying snap-1 on w1"),
+        s.pvc("stuck"), _copying("stuck", "Pending", "waiting: node w1's transfer port "
+                                 "10.0.0.1:9850: [Errno 111] Connection refused; next try in 60s"),
+        s.pvc("failed"), _copying("failed", "Failed", "copy failed: the digest differs"),
+        s.pvc("bound", phase="Bound"), _copying("bound", "Copying", ""),
+    )  # fmt: skip
+    findings = {f.title.split(" Pending")[0]: f for f in run("copy-progress", snap)}
+    assert set(findings) == {"PVC app/copying", "PVC app/stuck", "PVC app/failed"}
+    progress = findings["PVC app/copying"]
+    assert progress.severity is Severity.WARNING
+    assert progress.title.endswith("30% (3 GiB of 10 GiB, 80 MiB/s)")
+    stuck = findings["PVC app/stuck"]
+    assert stuck.title == "PVC app/stuck Pending: its copy waits for node w1"
+    assert "Connection refused" in stuck.cause
+    assert findings["PVC app/failed"].severity is Severity.ERROR
+
+    gone = s.snapshot(*s.node("w2"), s.sc(), s.pvc("stuck"), _copying("stuck", "Pending", ""))
+    [f] = run("copy-progress", gone)
+    assert f.severity is Severity.ERROR and "node w1 is gone (no Node object)" in f.cause
