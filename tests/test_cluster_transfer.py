@@ -172,7 +172,7 @@ async def test_doctor_names_the_source_node_a_claim_waits_for(abc: Scenario) -> 
     vsc = unique("vsc")
     s.apply(snapshot_class(vsc))
     src, writer = unique("src"), unique("writer")
-    s.apply(claim(src, thin, "256Mi"), on_node(writer, s.group, a.name, [src]))
+    s.apply(claim(src, thin, "512Mi"), on_node(writer, s.group, a.name, [src]))
     await s.running(writer)
     sums = write_data(s, writer, src, mib=8)
     snap = unique("snap")
@@ -180,15 +180,23 @@ async def test_doctor_names_the_source_node_a_claim_waits_for(abc: Scenario) -> 
     await ready_snapshot(s, snap)
     restored, reader = unique("restored"), unique("reader")
     with refused(b, a):
-        s.apply(claim(restored, thin, "256Mi", source=from_snapshot(snap)),
+        s.apply(claim(restored, thin, "512Mi", source=from_snapshot(snap)),
                 on_node(reader, s.group, b.name, [restored]))  # fmt: skip
+
+        def state() -> str:
+            lvs = s.cp.kubectl("get", "logicalvolumes.topolvm.io", "-o", "yaml", check=False)
+            return f"{seen[-1:]}\n{lvs[-3000:]}"
+
+        seen: list[Any] = []
 
         async def named() -> Any:
             _, doc = await doctor(s.cp, "-n", "default")
+            seen.append(doc["findings"])
             found = about(doc, "copy-progress", restored)
             return found[0] if found and "waits for node" in found[0]["title"] else None
 
-        finding = await eventually("doctor names the source node", named, timeout=120)
+        finding = await eventually("doctor names the source node", named, timeout=120,
+                                   details=state)  # fmt: skip
         assert finding["title"].endswith(f"its copy waits for node {a.name}")
         assert "refused" in finding["cause"].lower(), finding
         events = await events_for(s.client, "PersistentVolumeClaim", restored)

@@ -279,7 +279,7 @@ class LogicalVolumeReconciler:
             raise ReconcileError(f"failed to create LV {lv.uid} for a copy: {e}") from e
         size = resp.volume.size_bytes
         log.info("created LV for a copy", extra={"lv": lv.name, "uid": lv.uid, "size_bytes": size})
-        pending = CopyStatus(message="waiting to start")
+        pending = CopyStatus(message="about to start")
         await self._set_status(lv.name, lv.uid, 0, "", size, copy=copy_patch(pending))
         self.copies.ensure(replace(lv, volume_id=lv.uid, current_size=size, copy=pending))
 

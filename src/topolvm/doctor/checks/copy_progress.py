@@ -88,7 +88,7 @@ def run(snap: Snapshot) -> list[Finding]:
             ))  # fmt: skip
             continue
         node_gone = bool(source_node) and snap.get("nodes", source_node) is None
-        if node_gone or message.startswith("waiting"):
+        if node_gone or message.startswith("waiting:"):
             why = (f"the source node {source_node} is gone (no Node object)" if node_gone
                    else f"the copy cannot go on from node {source_node}: {message}")  # fmt: skip
             findings.append(Finding(
