@@ -49,7 +49,7 @@ class FakeVolumes:
     def __init__(self, volumes: dict[str, tuple[Path, list[tuple[int, int]] | None]]) -> None:
         self.volumes = volumes
 
-    async def describe(self, name: str, device_class: str) -> VolumeInfo:
+    async def describe(self, name: str, device_class: str, with_uuid: bool = False) -> VolumeInfo:
         path, mapped = self.volumes[name]
         return VolumeInfo(str(path), path.stat().st_size, mapped is not None, 65536, SOURCE_ID)
 

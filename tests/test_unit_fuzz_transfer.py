@@ -15,7 +15,7 @@ import random
 import socket
 import threading
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -78,7 +78,7 @@ def _receive(tmp: Path, frames: list[bytes]) -> tuple[Outcome | TransferError, b
 
     feeder = threading.Thread(target=feed)
     feeder.start()
-    conn = Conn(cast(Any, ours), "fuzz")
+    conn = Conn(ours, "fuzz")
     info = VolumeInfo(str(target), SIZE, False, 0, "t")
     try:
         result: Outcome | TransferError = _fill(conn, HELLO, ACCEPT, info, lambda c: None,
@@ -217,7 +217,7 @@ class _Volumes:
     def __init__(self, path: str) -> None:
         self.path = path
 
-    async def describe(self, name: str, device_class: str) -> VolumeInfo:
+    async def describe(self, name: str, device_class: str, with_uuid: bool = False) -> VolumeInfo:
         return VolumeInfo(self.path, SIZE, False, 0, "src")
 
     async def mapped(self, name: str, device_class: str) -> list[tuple[int, int]] | None:

@@ -360,8 +360,14 @@ class LVService:
         thin = pool.thin_pool is not None
         # A thick (COW) snapshot as large as its origin can never fill up and become invalid;
         # it is meant to live only while a copy reads it (docs/transfer.md).
-        size_args = ["-k", "n"] if thin else ["-l", "100%ORIGIN"]
-        argv = ["lvcreate", "-s", *size_args, "-n", name, src.full_name]
+        # 512 KiB chunks (LVM's largest; its default is 4 KiB): a copy reads the snapshot
+        # in 1 MiB pieces, and each chunk is a lookup in dm-snapshot (4 KiB chunks made a
+        # copy's reads cost 4 times the CPU in the guests of the test bed)
+        size_args = ["-k", "n"] if thin else ["-c", "512k", "-l", "100%ORIGIN"]
+        grow = thin and desired > src.size
+        # read-only from its creation (one LVM command less) unless it grows first
+        permission = ["-p", "r"] if access == "ro" and not grow else []
+        argv = ["lvcreate", "-s", *size_args, *permission, "-n", name, src.full_name]
         for t in tags:
             argv += ["--addtag", t]
         self.state.begin_change()
@@ -373,9 +379,9 @@ class LVService:
             raise
         path = f"/dev/{vg}/{name}"
         try:
-            if thin and desired > src.size:
+            if grow:
                 await self.runner.run("lvresize", "-L", f"{desired}b", f"{vg}/{name}")
-            if access == "ro":
+            if access == "ro" and not permission:
                 await self.runner.run("lvchange", "-p", "r", f"{vg}/{name}")
             elif thin:
                 await self.runner.run("lvchange", "-k", "n", "-a", "y", f"{vg}/{name}")

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from topolvm.config.lvmd import DeviceClass, LvmdConfig
 from topolvm.lvm import validate
 from topolvm.lvm.errors import LvmError
-from topolvm.lvm.report import LvRecord, has_cow_snapshot
+from topolvm.lvm.report import LvRecord, Report, has_cow_snapshot
 from topolvm.lvm.thinmap import ThinDump, ThinDumpError, dm_name
 from topolvm.lvmd.capacity import find_pool
 from topolvm.lvmd.service import block_device, resolve, rpc_of, translate
@@ -61,13 +61,24 @@ class VolumeDataService:
             self._chunks[key] = await self._lv_field(key, "chunk_size")
         return self._chunks[key]
 
+    async def _known(self, dc: DeviceClass, name: str, uuid: bool) -> tuple[Report, LvRecord]:
+        """The LV as lvmd's model has it (its own changes are in it), read again only when it
+        is not there, or its uuid is asked for and not known yet: a copy's describe then costs
+        no LVM command (a report took 0.25 s of a copy's set-up in the test bed's guests)."""
+        async with self.state.lock:
+            report = await self.state.current_locked()
+        lv = next((x for x in find_pool(report, dc).lvs(report) if x.name == name), None)
+        if lv is None or (uuid and not lv.uuid):
+            report = await self.state.fresh()
+            lv = await self._find(dc, name)
+        return report, lv
+
     @rpc
     async def DescribeLV(
         self, request: pb.DescribeLVRequest, context: Context
     ) -> pb.DescribeLVResponse:
         dc = resolve(self.config, request.device_class)
-        report = await self.state.fresh()
-        lv = await self._find(dc, validate.lv_name(request.name))
+        report, lv = await self._known(dc, validate.lv_name(request.name), request.with_uuid)
         path = f"/dev/{lv.vg_name}/{lv.name}"
         dev = block_device(path)
         if dev is None:

@@ -13,6 +13,7 @@ does not verify, or whose source is gone, fails: ``status.code`` tells the contr
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import threading
@@ -192,9 +193,9 @@ class CopyJobs:
         timeout = self.options.limits.io_timeout
 
         def accepted(accept: messages.Accept) -> None:
-            asyncio.run_coroutine_threadsafe(self.report.accepted(run, accept), loop).result(
-                timeout=60
-            )
+            # reported while the data flows: the stream does not wait for the API
+            done = asyncio.run_coroutine_threadsafe(self.report.accepted(run, accept), loop)
+            done.add_done_callback(_log_failure)
 
         def work() -> client.Outcome:
             return client.receive(
@@ -218,7 +219,7 @@ class CopyJobs:
         volume = source.volume_id
         if source.access_type != "ro":
             volume = await self.cuts.ensure(lv.uid, source.volume_id, source.device_class)
-        info = await self.volumes.describe(volume, source.device_class)
+        info = await self.volumes.describe(volume, source.device_class, with_uuid=True)
         mapped = await self.volumes.mapped(volume, source.device_class) if info.thin else None
         resume = self._resume(prior)
         if resume is not None and (resume.source_id != info.uuid or resume.offset > info.size):
@@ -330,3 +331,8 @@ class CopyJobs:
         if not token:
             raise Unreachable(f"the transfer token file {path} is empty")
         return token
+
+
+def _log_failure(future: concurrent.futures.Future[None]) -> None:
+    if not future.cancelled() and (e := future.exception()) is not None:
+        log.warning("copy: a report could not be written", extra={"error": str(e)})

@@ -38,7 +38,9 @@ class LvmdClient(Protocol):
     async def get_lv_list(self, device_class: str) -> list[pb.LogicalVolume]: ...
     async def get_free_bytes(self, device_class: str) -> int: ...
     def watch(self) -> AsyncIterator[pb.WatchResponse]: ...
-    async def describe_lv(self, name: str, device_class: str) -> vd.DescribeLVResponse: ...
+    async def describe_lv(
+        self, name: str, device_class: str, with_uuid: bool = False
+    ) -> vd.DescribeLVResponse: ...
     def thin_mappings(self, name: str, device_class: str) -> AsyncIterator[tuple[int, int]]: ...
     async def check_health(self) -> None:
         """Raise :class:`LvmdCallError` unless lvmd answers SERVING."""
@@ -110,8 +112,10 @@ class SocketLvmd:
         except GRPCError as e:
             raise _from_rpc_error(e) from None
 
-    async def describe_lv(self, name: str, device_class: str) -> vd.DescribeLVResponse:
-        req = vd.DescribeLVRequest(name=name, device_class=device_class)
+    async def describe_lv(
+        self, name: str, device_class: str, with_uuid: bool = False
+    ) -> vd.DescribeLVResponse:
+        req = vd.DescribeLVRequest(name=name, device_class=device_class, with_uuid=with_uuid)
         reply: vd.DescribeLVResponse = await self._call(_DATA, "DescribeLV", req, self.timeout)
         return reply
 
@@ -185,8 +189,10 @@ class EmbeddedLvmd:
         async for msg in self._server.vg.Watch(pb.Empty(), self._ctx):
             yield msg
 
-    async def describe_lv(self, name: str, device_class: str) -> vd.DescribeLVResponse:
-        req = vd.DescribeLVRequest(name=name, device_class=device_class)
+    async def describe_lv(
+        self, name: str, device_class: str, with_uuid: bool = False
+    ) -> vd.DescribeLVResponse:
+        req = vd.DescribeLVRequest(name=name, device_class=device_class, with_uuid=with_uuid)
         return await self._server.data.DescribeLV(req, self._ctx)
 
     async def thin_mappings(self, name: str, device_class: str) -> AsyncIterator[tuple[int, int]]:

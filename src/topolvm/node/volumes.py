@@ -37,9 +37,9 @@ class LvmdVolumes:
     def __init__(self, lvmd: LvmdClient) -> None:
         self.lvmd = lvmd
 
-    async def describe(self, name: str, device_class: str) -> VolumeInfo:
+    async def describe(self, name: str, device_class: str, with_uuid: bool = False) -> VolumeInfo:
         try:
-            r = await self.lvmd.describe_lv(name, device_class)
+            r = await self.lvmd.describe_lv(name, device_class, with_uuid)
         except LvmdCallError as e:
             raise SourceFailed(f"lvmd cannot describe LV {name}: {e.message}") from e
         return VolumeInfo(r.path, int(r.size_bytes), r.thin, int(r.chunk_bytes), r.uuid)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from topolvm.transfer import messages, wire
-from topolvm.transfer.blockio import Volume
+from topolvm.transfer.blockio import Volume, aligned
 from topolvm.transfer.conn import Conn, raise_if_refused
 from topolvm.transfer.errors import ConnectionLost, ProtocolError, TargetFailed, Unreachable
 from topolvm.transfer.jobs import VolumeInfo
@@ -64,14 +64,10 @@ def connect(endpoint: Endpoint, timeout: float) -> Conn:
             f"node {endpoint.node}'s transfer port {endpoint.host}:{endpoint.port}: {e}"
         ) from e
     raw.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    peer = f"{endpoint.node} ({endpoint.host}:{endpoint.port})"
+    conn = Conn.tls(raw, client_context(), peer, server=False)
     try:
-        sock = client_context().wrap_socket(raw)
-    except OSError as e:
-        raw.close()
-        raise Unreachable(f"TLS with node {endpoint.node} ({endpoint.host}): {e}") from e
-    conn = Conn(sock, f"{endpoint.node} ({endpoint.host}:{endpoint.port})")
-    try:
-        check_peer(sock, endpoint.fingerprint, endpoint.node)
+        check_peer(conn.peer_certificate(), endpoint.fingerprint, endpoint.node)
     except BaseException:
         conn.close()
         raise
@@ -113,7 +109,7 @@ def _fill(
         sink = RecordSink(volume, accept.size, target.size, target.chunk, checkpoint,
                           accept.offset, state)  # fmt: skip
         sink.on_progress = lambda position: progress(position, accept.size, sink.counts.data_bytes)
-        payload = memoryview(bytearray(wire.SEGMENT))
+        payload = aligned(wire.SEGMENT)  # page-aligned: written with O_DIRECT
         while True:
             if stop.is_set():
                 raise ConnectionLost("the copy was stopped")

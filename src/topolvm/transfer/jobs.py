@@ -22,7 +22,8 @@ class VolumeInfo:
 
 
 class Volumes(Protocol):
-    async def describe(self, name: str, device_class: str) -> VolumeInfo: ...
+    async def describe(self, name: str, device_class: str, with_uuid: bool = False) -> VolumeInfo:
+        """``with_uuid``: the identity a resume is checked against (a source's) is wanted."""
 
     async def mapped(self, name: str, device_class: str) -> list[tuple[int, int]] | None:
         """A thin volume's mapped byte ranges; None when they cannot be known (an lvmd

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from topolvm.transfer import digest, messages, plan, wire
-from topolvm.transfer.blockio import Volume
+from topolvm.transfer.blockio import Volume, aligned
 from topolvm.transfer.errors import ConnectionLost, DigestMismatch, ProtocolError
 from topolvm.transfer.sparse import Op, SparseTarget
 
@@ -63,8 +63,8 @@ Record = tuple[wire.Kind, int, int, memoryview]
 class RecordSource:
     """Reads ``volume`` along ``pieces`` (from :mod:`.plan`, starting at ``start``) and yields
     DATA and ZERO records, feeding the digest chain as it goes; zero runs are joined. A DATA
-    record's payload lies in :attr:`buffer` at ``wire.HEADER_SIZE`` and stays valid until the
-    next record: the server writes the header in front of it and sends both at once."""
+    record's payload is a view of one page-aligned buffer (read with ``O_DIRECT``), valid until
+    the next record."""
 
     volume: Volume
     size: int
@@ -72,27 +72,26 @@ class RecordSource:
     start: int = 0
     state: bytes | None = None
     counts: Counts = field(default_factory=Counts)
-    buffer: bytearray = field(default_factory=lambda: bytearray(wire.HEADER_SIZE + wire.SEGMENT))
 
     def __post_init__(self) -> None:
         self.digest = digest.VolumeDigest(self.size, self.start, self.state)
-        self._view = memoryview(self.buffer)[wire.HEADER_SIZE :]
+        self._view = aligned(wire.SEGMENT)
 
     def records(self) -> Iterator[Record]:
         zero_from, zero_to = self.start, self.start
         for piece in self.pieces:
+            payload = self._view[: piece.length]
             if piece.read:
-                payload = self._view[: piece.length]
                 self.volume.read_into(payload, piece.offset)
-                if payload != _ZEROS[: piece.length]:
-                    if zero_to > zero_from:
-                        yield self._zero(zero_from, zero_to)
-                    self.digest.feed_data(piece.offset, payload)
-                    self.counts.data_records += 1
-                    self.counts.data_bytes += piece.length
-                    yield wire.Kind.DATA, piece.offset, piece.length, payload
-                    zero_from = zero_to = piece.offset + piece.length
-                    continue
+            if piece.read and payload != _ZEROS[: piece.length]:
+                if zero_to > zero_from:
+                    yield self._zero(zero_from, zero_to)
+                self.digest.feed_data(piece.offset, payload)
+                self.counts.data_records += 1
+                self.counts.data_bytes += piece.length
+                yield wire.Kind.DATA, piece.offset, piece.length, payload
+                zero_from = zero_to = piece.offset + piece.length
+                continue
             zero_to = piece.offset + piece.length
         if zero_to > zero_from:
             yield self._zero(zero_from, zero_to)

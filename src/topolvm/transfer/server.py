@@ -31,7 +31,7 @@ from typing import Any
 from topolvm.transfer import messages, plan, wire
 from topolvm.transfer.blockio import Volume
 from topolvm.transfer.conn import Conn
-from topolvm.transfer.errors import DigestMismatch, ProtocolError, Refused, TransferError
+from topolvm.transfer.errors import DigestMismatch, Refused, TransferError
 from topolvm.transfer.jobs import Authorise, Limits, VolumeInfo, Volumes
 from topolvm.transfer.metrics import TransferMetrics
 from topolvm.transfer.pipeline import RecordSource, Throttle
@@ -153,18 +153,13 @@ class TransferServer:
         raw.settimeout(HANDSHAKE_TIMEOUT)
         raw.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         assert self.ssl is not None
-        try:
-            sock = self.ssl.wrap_socket(raw, server_side=True)
-        except OSError as e:
-            raw.close()
-            raise ProtocolError(f"{peer}: TLS handshake failed: {e}") from e
-        conn = Conn(sock, peer)
+        conn = Conn.tls(raw, self.ssl, peer, server=True)
         try:
             hello = conn.recv_message(messages.Hello)
         except BaseException:
             conn.close()
             raise
-        sock.settimeout(self.limits.io_timeout)
+        raw.settimeout(self.limits.io_timeout)
         return conn, hello
 
     async def _serve(self, raw: socket.socket, peer: str) -> None:
@@ -205,7 +200,7 @@ class TransferServer:
         if len(self._streams) >= self.limits.concurrency:
             raise Refused("busy", f"node {self.node} sends {len(self._streams)} copies already")
         try:
-            info = await self.volumes.describe(job.volume, job.device_class)
+            info = await self.volumes.describe(job.volume, job.device_class, with_uuid=True)
             mapped = await self.volumes.mapped(job.volume, job.device_class) if info.thin else None
         except TransferError as e:
             raise Refused("unavailable", f"the source cannot be read now: {e}") from e
@@ -273,14 +268,13 @@ class TransferServer:
             source.digest.on_boundary = memory.passed
             conn.send_message(accept)
             throttle = Throttle(self.limits.bandwidth)
-            view = memoryview(source.buffer)
             scratch = memoryview(bytearray(wire.MAX_CONTROL))
-            for kind, offset, length, _ in source.records():
+            for kind, offset, length, payload in source.records():
                 if stop.is_set():
                     raise TransferError("stopped: the job connected again, or the node stops")
                 if kind is wire.Kind.DATA:
                     throttle.take(length, stop)
-                    conn.send(view[: wire.pack_into(view, kind, offset, length, length)])
+                    conn.send_frame(wire.pack_header(kind, offset, length, payload), payload)
                     self.metrics.moved("sender", length, 0)
                 else:
                     conn.send(wire.pack_header(kind, offset, length, b""))

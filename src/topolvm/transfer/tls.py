@@ -48,8 +48,8 @@ def client_context() -> ssl.SSLContext:
     return ctx
 
 
-def check_peer(sock: ssl.SSLSocket, fingerprint: str, node: str) -> None:
-    der = sock.getpeercert(binary_form=True)
+def check_peer(der: bytes | None, fingerprint: str, node: str) -> None:
+    """The sender's certificate (DER) must be the one its Node publishes."""
     got = hashlib.sha256(der).hexdigest() if der else ""
     if got != fingerprint.lower():
         raise PeerMismatch(

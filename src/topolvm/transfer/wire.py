@@ -59,15 +59,6 @@ def pack_header(kind: Kind, offset: int, length: int, payload: bytes | memoryvie
     return head + _CHECK.pack(_checksum(head, payload))
 
 
-def pack_into(buf: memoryview, kind: Kind, offset: int, length: int, payload_len: int) -> int:
-    """Write the header into ``buf[:36]`` for the payload already at ``buf[36:36+payload_len]``;
-    returns the frame's size. Saves a copy of each DATA payload."""
-    _HEAD.pack_into(buf, 0, MAGIC, kind, 0, 0, offset, length, payload_len)
-    payload = buf[HEADER_SIZE : HEADER_SIZE + payload_len]
-    _CHECK.pack_into(buf, _HEAD.size, _checksum(buf[: _HEAD.size], payload))
-    return HEADER_SIZE + payload_len
-
-
 def control(kind: Kind, payload: bytes) -> bytes:
     """A whole control frame."""
     if kind not in CONTROL:
