@@ -91,6 +91,7 @@ class Volume:
     device_class: str
     size_mib: int
     checksum: str = ""
+    node: str = ""  # the node that holds it: the campaign's node unless a copy put it elsewhere
     # grown by the controller, the filesystem's part left to a kubelet that mounts it; until
     # then Kubernetes holds a further resize of the claim (NodeResizePending), so none is asked
     expanded: bool = False

@@ -1,8 +1,9 @@
 """The crash campaign: seeded runs, each one operation (create, delete, expand, snapshot,
-restore) with one crash at a random point of it: SIGKILL of topolvm-controller, of topolvm-node,
-of lvmd (socket mode), or a power loss of the UML node itself. After each run the operation must
-complete, every invariant hold (tests/invariants.py), and every volume's data read back with the
-checksum it was written with.
+restore, and a restore onto a second node: a copy from the first, docs/transfer.md) with one
+crash at a random point of it: SIGKILL of topolvm-controller, of topolvm-node, of lvmd (socket
+mode), or a power loss of the UML node itself (the first node: the copy's sender). After each
+run the operation must complete, every invariant hold on both nodes (tests/invariants.py), and
+every volume's data read back with the checksum it was written with.
 
 ``make test`` runs the first 10 seeded runs, ``make chaos`` 100 (TOPOLVM_CHAOS_RUNS;
 TOPOLVM_CHAOS_VICTIMS narrows the victims, TOPOLVM_CHAOS_SEED picks another campaign; a failing
@@ -34,7 +35,7 @@ from tests.chaos_helpers import MIB, READ, WRITE, Volume, device_class, settled,
 from tests.cluster_fixtures import NodeSet, record_line, unique
 from tests.helpers import eventually
 from tests.lvm_fixtures import THICK, THIN
-from tests.provisioning import NS, Scenario, bound, claim
+from tests.provisioning import NS, Scenario, bound, claim, storage_class
 from topolvm.k8s import api
 from topolvm.k8s.lvobject import parse_quantity
 
@@ -59,10 +60,12 @@ Done = Callable[[], Awaitable[None]]
 class Campaign:
     s: Scenario
     node: UmlNode
+    other: UmlNode  # where cross-node restores go, copied from ``node``
     driver: DriverStack
     sc: dict[str, str]  # device class -> StorageClass (Immediate: claims bind without a pod)
     tracked: dict[str, str]  # StorageClass (WaitForFirstConsumer) -> device class
     vsc: str
+    sc_other: str  # thin, Immediate, its topology only ``other``: a restore there is a copy
     volumes: dict[str, Volume] = field(default_factory=dict)
     snapshots: dict[str, Volume] = field(default_factory=dict)  # what a restore must read
     runs: Counter[str] = field(default_factory=Counter)
@@ -85,6 +88,8 @@ class Campaign:
             ops.append("snapshot")
         if self.snapshots and len(self.volumes) < 6:
             ops.append("restore")
+            if sum(v.node == self.other.name for v in self.volumes.values()) < 3:
+                ops.append("xrestore")
         return ops
 
     def _growable(self) -> list[str]:
@@ -186,6 +191,23 @@ class Campaign:
 
         return done
 
+    async def xrestore(self, rng: random.Random) -> Done:
+        """A restore onto the other node: its topolvm-node copies the snapshot from this one."""
+        snap = self.snapshots[rng.choice(sorted(self.snapshots))]
+        v = Volume(unique("xrestore"), "thin", snap.size_mib, snap.checksum, self.other.name)
+        source = {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot",
+                  "name": snap.claim}  # fmt: skip
+        self.s.apply(claim(v.claim, self.sc_other, f"{v.size_mib}Mi", source=source))
+
+        async def done() -> None:
+            await self._volume_of(v.claim)
+            self.volumes[v.claim] = v
+
+        return done
+
+    def node_of(self, v: Volume) -> UmlNode:
+        return self.other if v.node == self.other.name else self.node
+
     # --- crashes ------------------------------------------------------------------------
 
     def crash(self, victim: str) -> None:
@@ -200,40 +222,45 @@ class Campaign:
 
     def restart_exited(self) -> None:
         """What the kubelet does for a container that exited: start it again (and count it)."""
-        for name in ("lvmd", "topolvm-node"):
-            if not self.node.daemon(name, lines=1)["running"]:
+        for node, name in ((self.node, "lvmd"), (self.node, "topolvm-node"),
+                           (self.other, "topolvm-node")):  # fmt: skip
+            if not node.daemon(name, lines=1)["running"]:
                 self.restarts[name] += 1
-                self.node.respawn(name)
+                node.respawn(name)
 
     async def verify_data(self) -> None:
         for v in list(self.volumes.values()):
             pv_name = await self._volume_of(v.claim)
-            got = (await with_data(self.client, self.node, pv_name, READ)).strip()
+            got = (await with_data(self.client, self.node_of(v), pv_name, READ)).strip()
             assert got == v.checksum, f"{v.claim}: data read back as {got}, written {v.checksum}"
 
 
 @pytest.fixture(scope="module")
-def chaos_node(
+def chaos_nodes(
     control_plane: ControlPlane, driver: DriverStack, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[UmlNode]:
-    """One UML node, vg1 (10 GiB) with pool0 (4 GiB); lvmd as its own daemon (socket mode)."""
+) -> Iterator[tuple[UmlNode, UmlNode]]:
+    """The campaign's node: vg1 (10 GiB) with pool0 (4 GiB), lvmd as its own daemon (socket
+    mode); and a second node (vg1 6 GiB, pool0 2 GiB, lvmd embedded) where restores are copied."""
     nodes = NodeSet(control_plane, "chaos", tmp_path_factory.mktemp("chaos"))
     try:
-        (node,) = nodes.make(1, vg_gib=[10])
+        node, other = nodes.make(2, vg_gib=[10, 6])
         node.lvm("lvcreate", "-T", "vg1/pool0", "-L", "4g")
+        other.lvm("lvcreate", "-T", "vg1/pool0", "-L", "2g")
         socket = node.start_lvmd([THICK, THIN])
         node.start_topolvm_node(control_plane, [], lvmd_socket=socket)
-        yield node
+        other.start_topolvm_node(control_plane, [THICK, THIN])
+        yield node, other
     finally:
         nodes.close()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def campaign(
-    control_plane: ControlPlane, driver: DriverStack, chaos_node: UmlNode,
+    control_plane: ControlPlane, driver: DriverStack, chaos_nodes: tuple[UmlNode, UmlNode],
 ) -> AsyncIterator[Campaign]:  # fmt: skip
     client = api.make_client(str(control_plane.kubeconfig))
-    s = Scenario(control_plane, client, [chaos_node])
+    chaos_node, other = chaos_nodes
+    s = Scenario(control_plane, client, [chaos_node, other])
     await s.record()
     vsc = unique("vsc")
     s.apply(
@@ -249,7 +276,11 @@ async def campaign(
     # csi-provisioner tracks capacity only for WaitForFirstConsumer classes (what the scheduler
     # reads); these are the ones whose CSIStorageCapacity the invariants check
     tracked = {s.sc(device_class=dc, fs_type="xfs"): dc for dc in ("ssd", "thin")}
-    c = Campaign(s, chaos_node, driver, sc, tracked, vsc)
+    elsewhere = storage_class(unique("sc"), "thin", "xfs", binding="Immediate")
+    elsewhere["allowedTopologies"] = [{"matchLabelExpressions": [
+        {"key": "topology.topolvm.io/node", "values": [other.name]}]}]  # fmt: skip
+    s.apply(elsewhere)
+    c = Campaign(s, chaos_node, other, driver, sc, tracked, vsc, elsewhere["metadata"]["name"])
     try:
         yield c
     finally:
@@ -297,12 +328,13 @@ async def test_crash_at_a_random_point(campaign: Campaign, run: int) -> None:
 
     def logs() -> str:
         failed = f"\nLV activation after the power loss failed: {c.activation}" * bool(c.activation)
-        return f"{what}{failed}\ntopolvm-node:\n{c.node.node_log(lines=15)}"
+        return (f"{what}{failed}\ntopolvm-node:\n{c.node.node_log(lines=15)}\n"
+                f"topolvm-node of {c.other.name}:\n{c.other.node_log(lines=10)}")  # fmt: skip
 
     try:
         await asyncio.wait_for(done(), 240)
         await asyncio.to_thread(c.restart_exited)
-        await settled(c.client, [c.node], CLASSES, c.tracked, details=logs)
+        await settled(c.client, [c.node, c.other], CLASSES, c.tracked, details=logs)
         await c.verify_data()
     except (AssertionError, TimeoutError) as exc:
         raise AssertionError(f"{what}: {exc}") from exc

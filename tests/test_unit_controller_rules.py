@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from topolvm.constants import NORMAL
+from topolvm.controller.copies import PlacementError, placement, restore_node, snapshot_node
 from topolvm.controller.inflight import InFlight
 from topolvm.controller.sizing import (
     GiB,
@@ -197,3 +199,39 @@ def test_a_retry_on_another_node_moves_the_reservation(clock: Clock) -> None:
     f.abandon("v1")
     f.reserve("v1", "n2", "ssd", 10, "90")
     assert (f.taken("n1", "ssd"), f.taken("n2", "ssd")) == (0, 10)
+
+
+# -- where restores, clones and snapshots go (docs/transfer.md) ------------------------------
+
+KEY = "topology.topolvm.io/node"
+
+
+def _segments(*nodes: str) -> list[dict[str, str]]:
+    return [{KEY: n} for n in nodes]
+
+
+def test_a_restore_follows_the_scheduler_and_stays_home_without_one() -> None:
+    pref, req = _segments("b", "a", "c"), _segments("a", "b", "c")
+    assert restore_node("a", pref, req, KEY, scheduled=True) == "b"  # the scheduler chose b
+    assert restore_node("a", pref, req, KEY, scheduled=None) == "b"  # unknown: follow it
+    assert restore_node("a", pref, req, KEY, scheduled=False) == "a"  # Immediate: no copy
+    # Immediate with a topology that excludes the source's node: the first allowed one
+    assert restore_node("a", _segments("c"), _segments("c"), KEY, scheduled=False) == "c"
+
+
+def test_snapshot_placement_parameters_and_the_node_chosen() -> None:
+    assert not placement({}, NORMAL).off_node
+    where = placement({NORMAL.snapshot_node_selector_param: "backup=true, zone"}, NORMAL)
+    assert where.off_node and where.selector == (("backup", "true"), ("zone", None))
+    free = {"a": 100, "b": 50, "c": 80, "d": 80}
+    labels = {"b": {"backup": "true", "zone": "1"}, "c": {"backup": "true"}, "d": {}}
+    assert snapshot_node(where, "a", free, labels, 40) == "b"  # c lacks the zone label
+    anywhere = placement({NORMAL.snapshot_placement_param: "other-node"}, NORMAL)
+    assert snapshot_node(anywhere, "a", free, labels, 40) == "c"  # most room, never the source
+    assert snapshot_node(anywhere, "a", free, labels, 90) is None
+    for bad in ({NORMAL.snapshot_placement_param: "elsewhere"},
+                {NORMAL.snapshot_node_selector_param: "=x"},
+                {NORMAL.snapshot_placement_param: "source-node",
+                 NORMAL.snapshot_node_selector_param: "a=b"}):  # fmt: skip
+        with pytest.raises(PlacementError):
+            placement(bad, NORMAL)

@@ -2,9 +2,11 @@
 the node-to-node copy, docs/transfer.md).
 
 - A restore or clone goes to the node kube-scheduler chose (external-provisioner's first
-  preferred segment). On the source's own node the node makes it as before (a thin snapshot,
-  or for a thick volume a copy within the node); elsewhere it is a copy target, filled from the
-  source's node.
+  preferred segment, with WaitForFirstConsumer). With Immediate binding no one chose: it stays on
+  its source's node when the topology allows (as upstream's), else goes to the first allowed
+  node. On the source's own node the node makes it as before (a thin snapshot, or for a thick
+  volume a copy within the node); elsewhere it is a copy target, filled from the source's
+  node.
 - A snapshot stays on its source's node unless its VolumeSnapshotClass asks otherwise:
   ``<plugin>/snapshot-placement: other-node`` keeps it on the node with the most room in the
   device class (not the source's), ``<plugin>/snapshot-node-selector`` on such a node with the
@@ -14,10 +16,11 @@ the node-to-node copy, docs/transfer.md).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from topolvm.constants import Names
+from topolvm.controller.sizing import node_from_topology
 from topolvm.k8s.lvobject import LogicalVolumeObject
 
 SOURCE_NODE, OTHER_NODE = "source-node", "other-node"
@@ -90,6 +93,19 @@ def snapshot_node(
     if not candidates:
         return None
     return min(candidates, key=lambda c: (-c[0], c[1]))[1]
+
+
+def restore_node(
+    source_node: str, preferred: Sequence[Mapping[str, str]],
+    requisite: Sequence[Mapping[str, str]], key: str, scheduled: bool | None,
+) -> str:  # fmt: skip
+    """Where a restore or clone goes. ``scheduled``: the claim has kube-scheduler's
+    selected-node (True), has none (False: Immediate binding), or is unknown (None: no claim
+    name came with the request; the first preferred segment is followed)."""
+    allowed = {s.get(key) for s in requisite}
+    if scheduled is False and (not requisite or source_node in allowed):
+        return source_node
+    return node_from_topology(preferred, requisite, key) or source_node
 
 
 def waiting_object(params: Mapping[str, str], name: str, namespace: str) -> str | None:

@@ -14,6 +14,8 @@ import asyncio
 import logging
 from typing import Any
 
+from lightkube.resources.core_v1 import PersistentVolumeClaim
+
 from topolvm import capacity_annotations
 from topolvm.constants import Names
 from topolvm.controller import copies
@@ -29,6 +31,7 @@ from topolvm.controller.sizing import (
 from topolvm.controller.snapshots import Snapshots
 from topolvm.csi.accessmode import mode_name
 from topolvm.csi.mountflags import check_mount_flags
+from topolvm.k8s import api
 from topolvm.k8s import errors as kube
 from topolvm.k8s.lvobject import LogicalVolumeObject
 from topolvm.k8s.lvstore import (
@@ -71,6 +74,7 @@ def _translate(e: Exception) -> status.StatusError | None:
 
 
 _NOT_OFFERED = "not implemented by topolvm-controller"
+SELECTED_NODE = "volume.kubernetes.io/selected-node"
 
 
 def rpc(fn: Any) -> Any:
@@ -172,10 +176,14 @@ class ControllerService:
                 )
             if not src.ready:
                 raise status.Unavailable(f"the source {src.name} is still being filled by a copy")
-            # the node kube-scheduler chose (or the source's, without requirements); on
-            # another node than the source's, a copy fills it (docs/transfer.md)
-            found = node_from_topology(preferred, requisite, self.names.topology_key)
-            node = found if has_reqs and found is not None else src.node_name
+            # the node kube-scheduler chose (the source's, with Immediate binding when the
+            # topology allows); on another node than the source's, a copy fills it
+            # (docs/transfer.md)
+            node = src.node_name
+            if has_reqs:
+                node = copies.restore_node(src.node_name, preferred, requisite,
+                                           self.names.topology_key,
+                                           await self._scheduled(request.parameters))  # fmt: skip
             if existing is not None and existing.copy_source == src.name:
                 node = existing.node_name  # a retry: where the copy already runs
             if node == src.node_name:
@@ -228,6 +236,24 @@ class ControllerService:
         if request.HasField("volume_content_source"):
             volume.content_source.CopyFrom(request.volume_content_source)
         return csi.CreateVolumeResponse(volume=volume)
+
+    async def _scheduled(self, parameters: Any) -> bool | None:
+        """Whether kube-scheduler chose the claim's node (its selected-node annotation); None
+        when the request names no claim (csi-provisioner without --extra-create-metadata) or
+        the claim cannot be read."""
+        name = parameters.get(copies.PVC_NAME, "")
+        namespace = parameters.get(copies.PVC_NAMESPACE, "")
+        if not name or not namespace:
+            return None
+        try:
+            pvc = await api.get(self.store.client, PersistentVolumeClaim, name,
+                                namespace=namespace)  # fmt: skip
+        except kube.KubeError as e:
+            log.warning("cannot read the claim of a restore", extra={"claim": name,
+                                                                     "error": str(e)})  # fmt: skip
+            return None
+        annotations = ((pvc or {}).get("metadata") or {}).get("annotations") or {}
+        return None if pvc is None else SELECTED_NODE in annotations
 
     async def _content_source(self, source: csi.VolumeContentSource) -> LogicalVolumeObject:
         kind = source.WhichOneof("type")
