@@ -18,7 +18,8 @@ STAMP := $(VENV)/.installed
 help:
 	@echo "make demo   - a real control plane, helm install of charts/topolvm, a Vault StatefulSet on 3"
 	@echo "              Kubernetes nodes in UML (kubelet, containerd, real LVM), placed by capacity:"
-	@echo "              its containers write, a volume is resized online, snapshotted, all removed"
+	@echo "              its containers write, a volume is resized online, snapshots are restored"
+	@echo "              and kept on other nodes, all removed"
 	@echo "make demo-lvmd - lvmd and topolvm-node alone inside User-Mode Linux (no control plane)"
 	@echo "make test   - ruff, mypy --strict and every pytest tier (unit, real LVM in UML, real control plane)"
 	@echo "make bench  - lvmd RPCs vs the bare LVM commands (inside UML), scheduler extender latency,"

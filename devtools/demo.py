@@ -11,7 +11,8 @@
    the CSIStorageCapacity objects csi-provisioner publishes;
 4.-6. its busybox containers write into their volumes, read back with ``kubectl exec``; a pod
    replaced by the StatefulSet finds its data; a volume is resized online (``df`` in the
-   container); a thin volume is snapshotted and restored into a claim a reader pod mounts;
+   container); a thin volume is snapshotted and restored on another node, copied there by
+   topolvm-node; a thick volume is snapshotted onto another node;
 7.-8. the cluster's view, then everything is removed and stopped.
 
 Nothing outlives the process: its network namespace (and the TAP links in it) ends with it, and
@@ -31,6 +32,7 @@ from devtools.demo_bed import WORK, DemoBed, tools
 from devtools.demo_steps import (
     CAPACITY_COLUMNS,
     CLAIMS,
+    COPY_COLUMNS,
     NODE_SELECTOR,
     NODE_VG_GIB,
     NS,
@@ -60,6 +62,7 @@ from devtools.demo_steps import (
     show_yaml,
     snapshot_objects,
     snapshot_ready,
+    snapshot_volume,
     until,
     vault_statefulset,
 )
@@ -219,7 +222,7 @@ class Demo(DemoBed):
 
     def snapshot(self) -> None:
         cp = self.kube
-        say(f"  LVM snapshots need a thin pool: a 1Gi claim 'notes' on {SC_THIN} and a writer pod")
+        say(f"  a 1Gi claim 'notes' on {SC_THIN} (thin) and a writer pod")
         writer = "[ -s /notes/notes.txt ] || echo 'written before the snapshot' > /notes/notes.txt"
         cp.apply(claim("notes", "1Gi"), pod("notes-writer", "notes", writer))
         node = self.wait_ready("notes-writer")["spec"]["nodeName"]
@@ -235,17 +238,51 @@ class Demo(DemoBed):
               180, self.logs)  # fmt: skip
         kubectl(cp, "get", "volumesnapshot", "notes-snap")
         in_pod(cp, "notes-writer", "echo 'written after the snapshot' >> /notes/notes.txt; sync")
+        other = next(n.name for n in self.nodes if n.name != node)
         say(f"  restore: claim 'notes-restored' with dataSource notes-snap, mounted by a reader "
-            f"pod on {node} (a thin snapshot stays in its origin's pool)")  # fmt: skip
+            f"pod on {other}; the snapshot lives in {node}'s thin pool, so topolvm-node on "
+            f"{other} copies it from {node}'s (TLS; only the written blocks)")  # fmt: skip
         cp.apply(claim("notes-restored", "1Gi", source="notes-snap"),
-                 pod("notes-reader", "notes-restored", node=node))  # fmt: skip
+                 pod("notes-reader", "notes-restored", node=other))  # fmt: skip
         self.wait_ready("notes-reader")
+        pv = cp.kubectl("get", "pvc", "notes-restored", "-n", NS,
+                        "-o", "jsonpath={.spec.volumeName}")  # fmt: skip
+        kubectl(cp, "get", "logicalvolumes.topolvm.io", pv, "-o", COPY_COLUMNS)
+        kubectl(cp, "get", "events", "-n", NS,
+                "--field-selector=involvedObject.name=notes-restored",
+                "--sort-by=.lastTimestamp", "-o", "custom-columns=REASON:.reason,"
+                "FROM:.source.component,MESSAGE:.message")  # fmt: skip
         in_pod(cp, "notes-writer", "cat /notes/notes.txt")
         restored = in_pod(cp, "notes-reader", "cat /notes/notes.txt")
         if restored.strip() != "written before the snapshot":
             raise DemoError(f"the restored volume reads {restored!r}")
-        say("  the reader sees the file as it was at the snapshot")
-        self.lvs(node)
+        say(f"  the reader on {other} sees the file as it was at the snapshot")
+        self.lvs(other)
+
+    def offnode(self) -> None:
+        cp, src = self.kube, self.placement["vault-0"]
+        say("  a VolumeSnapshotClass that keeps a snapshot on another node than its source's, "
+            "and a snapshot of the thick claim audit-vault-0:")  # fmt: skip
+        objs = snapshot_objects("topolvm-offnode", "audit-snap", "audit-vault-0",
+                                {"topolvm.io/snapshot-placement": "other-node"})  # fmt: skip
+        for i, obj in enumerate(objs):
+            if i:
+                say("    ---")
+            show_yaml(obj)
+        cp.apply(*objs)
+        until("VolumeSnapshot audit-snap readyToUse (its 5Gi copied to another node)",
+              lambda: snapshot_ready(cp, "audit-snap"), 300,
+              lambda: claim_state(cp) + "\n" + self.logs())  # fmt: skip
+        kubectl(cp, "get", "volumesnapshot", "audit-snap")
+        lv = snapshot_volume(cp, "audit-snap")
+        kubectl(cp, "get", "logicalvolumes.topolvm.io", lv["metadata"]["name"], "-o", COPY_COLUMNS)
+        where = lv["spec"]["nodeName"]
+        if where == src or lv.get("status", {}).get("copy", {}).get("phase") != "Done":
+            raise DemoError(f"audit-snap's LogicalVolume: node {where}, source's node {src}, "
+                            f"copy {lv.get('status', {}).get('copy')}")  # fmt: skip
+        say(f"  the snapshot is an LV of its own on {where}, not on {src}: it outlives {src}, "
+            "and a restore from it can land on any node")  # fmt: skip
+        self.lvs(where)
 
     # --- 7 ------------------------------------------------------------------------------
 
@@ -267,7 +304,7 @@ class Demo(DemoBed):
         cp = self.kube
         kubectl(cp, "delete", "pod", "notes-reader", "notes-writer")
         kubectl(cp, "delete", "pvc", "notes-restored", "--wait=false")
-        kubectl(cp, "delete", "volumesnapshot", "notes-snap", "--wait=false")
+        kubectl(cp, "delete", "volumesnapshot", "notes-snap", "audit-snap", "--wait=false")
         kubectl(cp, "delete", "pvc", "notes", "--wait=false")
         kubectl(cp, "delete", "statefulset", "vault", "--cascade=foreground")
         say("  the kubelets stopped the pods' containers, topolvm-node unmounted their volumes")
@@ -280,7 +317,7 @@ class Demo(DemoBed):
             if left:
                 raise DemoError(f"LVs left on {node.name}: {left}")
             say(f"  {node.name}: no LV left in vg1 but the thin pool pool0")
-        kubectl(cp, "delete", "volumesnapshotclass", "topolvm-snapshots")
+        kubectl(cp, "delete", "volumesnapshotclass", "topolvm-snapshots", "topolvm-offnode")
         self.uninstall()
         kubectl(cp, "delete", "namespace", RELEASE_NS, "--timeout=120s")
         say("  the kubelets stopped the chart's containers (the namespace is gone once its pods "
@@ -303,8 +340,10 @@ class Demo(DemoBed):
             self.write()
         with step("Resize data-vault-0 from 10Gi to 12Gi under the running container"):
             self.resize()
-        with step("Snapshot a thin volume, restore it into a new claim"):
+        with step("Snapshot a thin volume, restore it on another node"):
             self.snapshot()
+        with step("A thick snapshot of audit-vault-0, kept on another node"):
+            self.offnode()
         with step("kubectl get pvc,pv,logicalvolumes,csistoragecapacities,pods -A"):
             self.view()
         with step("Remove everything, stop everything"):

@@ -54,6 +54,10 @@ NODE_SELECTOR = {"kubernetes.io/os": "linux"}  # every node of the demo: the kub
 REPLICAS = 3
 PODS = [f"vault-{i}" for i in range(REPLICAS)]
 CLAIMS = [f"{t}-{p}" for p in PODS for t in ("data", "audit")]
+COPY_COLUMNS = (
+    "custom-columns=LOGICALVOLUME:.metadata.name,NODE:.spec.nodeName,SIZE:.status.currentSize,"
+    "COPY:.status.copy.phase,FROM:.status.copy.sourceNode,MOVED:.status.copy.transferredBytes"
+)
 CAPACITY_COLUMNS = (
     "custom-columns=NODE:.nodeTopology.matchLabels.topology\\.topolvm\\.io/node,"
     "STORAGECLASS:.storageClassName,CAPACITY:.capacity"
@@ -217,16 +221,20 @@ def pod(name: str, claim_name: str, script: str = ":", node: str | None = None) 
         "terminationGracePeriodSeconds": 1, "containers": [container(script, {"vol": "/notes"})],
         "volumes": [{"name": "vol", "persistentVolumeClaim": {"claimName": claim_name}}],
     }  # fmt: skip
-    if node:  # a restored thin snapshot lives in its origin's pool, on the origin's node
+    if node:
         spec["nodeSelector"] = {"kubernetes.io/hostname": node}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
             "spec": spec}  # fmt: skip
 
 
-def snapshot_objects(snap_class: str, snap: str, source: str) -> list[dict[str, Any]]:
+def snapshot_objects(snap_class: str, snap: str, source: str,
+                     params: dict[str, str] | None = None) -> list[dict[str, Any]]:  # fmt: skip
     group = "snapshot.storage.k8s.io/v1"
-    return [{"apiVersion": group, "kind": "VolumeSnapshotClass", "metadata": {"name": snap_class},
-             "driver": "topolvm.io", "deletionPolicy": "Delete"},
+    klass = {"apiVersion": group, "kind": "VolumeSnapshotClass", "metadata": {"name": snap_class},
+             "driver": "topolvm.io", "deletionPolicy": "Delete"}  # fmt: skip
+    if params:
+        klass["parameters"] = params
+    return [klass,
             {"apiVersion": group, "kind": "VolumeSnapshot",
              "metadata": {"name": snap, "namespace": NS},
              "spec": {"volumeSnapshotClassName": snap_class,
@@ -318,6 +326,17 @@ def claim_state(cp: ControlPlane) -> str:
 def snapshot_ready(cp: ControlPlane, name: str) -> bool:
     snap = get_json(cp, "volumesnapshot", name, "-n", NS)
     return bool(snap.get("status", {}).get("readyToUse"))
+
+
+def snapshot_volume(cp: ControlPlane, name: str) -> dict[str, Any]:
+    """The LogicalVolume that holds VolumeSnapshot ``name``'s data (its content's handle is the
+    LogicalVolume's volume id)."""
+    snap = get_json(cp, "volumesnapshot", name, "-n", NS)
+    content = get_json(cp, "volumesnapshotcontent",
+                       snap["status"]["boundVolumeSnapshotContentName"])  # fmt: skip
+    handle = content["status"]["snapshotHandle"]
+    return next(lv for lv in items(cp, "logicalvolumes.topolvm.io")
+                if lv.get("status", {}).get("volumeID") == handle)  # fmt: skip
 
 
 def expanded(cp: ControlPlane, claim_name: str) -> bool:
