@@ -190,15 +190,8 @@ class ControllerService:
                 source, access = src.name, "rw"
             else:
                 copy_source = src.name
-                free = self.ledger.free_bytes(node, dc)
-                if existing is None and free < size:
-                    self.metrics.capacity_rejections.labels(
-                        capacity_annotations.class_key(dc)
-                    ).inc()
-                    raise status.ResourceExhausted(
-                        f"node {node} has {free} bytes free in device class {dc!r} after "
-                        f"volumes in flight; {size} requested for a copy of {src.name}"
-                    )
+                if existing is None:
+                    self._check_room(node, dc, size, f" for a copy of {src.name}")
         elif not has_reqs:
             best = largest({n: self.ledger.free_bytes(n, dc) for n in self.nodes.names()})
             if best is None:
@@ -217,13 +210,8 @@ class ControllerService:
                     f"(no segment has {self.names.topology_key})"
                 )
             node = found
-            free = self.ledger.free_bytes(node, dc)
-            if existing is None and free < size:
-                self.metrics.capacity_rejections.labels(capacity_annotations.class_key(dc)).inc()
-                raise status.ResourceExhausted(
-                    f"node {node} has {free} bytes free in device class {dc!r} after volumes in "
-                    f"flight; {size} requested"
-                )
+            if existing is None:
+                self._check_room(node, dc, size)
         annotations = ((self.names.claim_annotation, waiting),) if waiting else ()
         req = VolumeRequest(name, node, size, dc, option_class, source, access,
                             copy_source=copy_source, annotations=annotations)  # fmt: skip
@@ -236,6 +224,15 @@ class ControllerService:
         if request.HasField("volume_content_source"):
             volume.content_source.CopyFrom(request.volume_content_source)
         return csi.CreateVolumeResponse(volume=volume)
+
+    def _check_room(self, node: str, dc: str, size: int, purpose: str = "") -> None:
+        free = self.ledger.free_bytes(node, dc)
+        if free < size:
+            self.metrics.capacity_rejections.labels(capacity_annotations.class_key(dc)).inc()
+            raise status.ResourceExhausted(
+                f"node {node} has {free} bytes free in device class {dc!r} after volumes in "
+                f"flight; {size} requested{purpose}"
+            )
 
     async def _scheduled(self, parameters: Any) -> bool | None:
         """Whether kube-scheduler chose the claim's node (its selected-node annotation); None
