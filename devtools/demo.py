@@ -11,9 +11,11 @@
    the CSIStorageCapacity objects csi-provisioner publishes;
 4.-6. its busybox containers write into their volumes, read back with ``kubectl exec``; a pod
    replaced by the StatefulSet finds its data; a volume is resized online (``df`` in the
-   container); a thin volume is snapshotted and restored on another node, copied there by
-   topolvm-node; a thick volume is snapshotted onto another node;
-7.-8. the cluster's view, then everything is removed and stopped.
+   container);
+6.-7. a thin volume's snapshot is restored for a pod on another node, copied there by
+   topolvm-node; a new vault-2 is seeded from a snapshot of vault-0's audit volume that is kept
+   on a third node (devtools/demo_data.py);
+8.-9. the cluster's view, then everything is removed and stopped.
 
 Nothing outlives the process: its network namespace (and the TAP links in it) ends with it, and
 every child process and UML guest is killed with it. Logs stay in .cache/demo/ until the next run.
@@ -25,27 +27,24 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any
 
 from devtools import uml
-from devtools.demo_bed import WORK, DemoBed, tools
+from devtools.demo_bed import WORK, tools
+from devtools.demo_data import VolumeSteps
 from devtools.demo_steps import (
     CAPACITY_COLUMNS,
     CLAIMS,
-    COPY_COLUMNS,
     NODE_SELECTOR,
     NODE_VG_GIB,
     NS,
     PODS,
     RELEASE,
     RELEASE_NS,
-    SC_THIN,
     VALUES,
     DemoError,
     Steps,
     capacities,
     capacity_annotations,
-    claim,
     claim_state,
     expanded,
     get_json,
@@ -55,14 +54,9 @@ from devtools.demo_steps import (
     kubectl,
     nothing_left,
     placed,
-    pod,
-    ready_pod,
     restarts,
     say,
     show_yaml,
-    snapshot_objects,
-    snapshot_ready,
-    snapshot_volume,
     until,
     vault_statefulset,
 )
@@ -71,30 +65,14 @@ from devtools.testbed.process import become_subreaper, enter_private_netns, reap
 from devtools.testbed.umlnode import GiB
 
 LV_CRDS = ("logicalvolumes.topolvm.io", "logicalvolumes.topolvm.cybozu.com")
-LVS = ("lvs", "-o", "lv_name,lv_size,lv_attr,pool_lv,origin,data_percent", "vg1")
 SECRET = "cat /vault/data/secret.txt"
 
 
 @dataclass
-class Demo(DemoBed):
-    """Steps 2 to 8, on the test bed that step 1 started."""
+class Demo(VolumeSteps):
+    """Steps 2 to 9, on the test bed that step 1 started (6 and 7 in devtools/demo_data.py)."""
 
     steps: Steps = field(default_factory=Steps)
-    placement: dict[str, str] = field(default_factory=dict)  # pod -> node
-
-    def wait_ready(self, name: str, timeout: float = 240, not_uid: str = "") -> dict[str, Any]:
-        def details() -> str:
-            described = self.kube.kubectl("describe", "pod", name, "-n", NS, check=False)
-            return f"{described[-2500:]}\n{claim_state(self.kube)}\n{self.logs()}"
-
-        obj: dict[str, Any] = until(f"pod {name} Ready (its volumes mounted, container started)",
-                                    lambda: ready_pod(self.kube, name, not_uid), timeout,
-                                    details)  # fmt: skip
-        return obj
-
-    def lvs(self, node_name: str) -> None:
-        say(f"  $ lvm {' '.join(LVS)}    # in {node_name}")
-        say(indent(self.node(node_name).lvm(*LVS)))
 
     # --- 2 ------------------------------------------------------------------------------
 
@@ -218,73 +196,7 @@ class Demo(DemoBed):
             "still there")  # fmt: skip
         kubectl(cp, "get", "pvc", pvc)
 
-    # --- 6 ------------------------------------------------------------------------------
-
-    def snapshot(self) -> None:
-        cp = self.kube
-        say(f"  a 1Gi claim 'notes' on {SC_THIN} (thin) and a writer pod")
-        writer = "[ -s /notes/notes.txt ] || echo 'written before the snapshot' > /notes/notes.txt"
-        cp.apply(claim("notes", "1Gi"), pod("notes-writer", "notes", writer))
-        node = self.wait_ready("notes-writer")["spec"]["nodeName"]
-        in_pod(cp, "notes-writer", "cat /notes/notes.txt")
-        objs = snapshot_objects("topolvm-snapshots", "notes-snap", "notes")
-        say("  $ kubectl apply -f snapshot.yaml")
-        for i, obj in enumerate(objs):
-            if i:
-                say("    ---")
-            show_yaml(obj)
-        cp.apply(*objs)
-        until("VolumeSnapshot notes-snap readyToUse", lambda: snapshot_ready(cp, "notes-snap"),
-              180, self.logs)  # fmt: skip
-        kubectl(cp, "get", "volumesnapshot", "notes-snap")
-        in_pod(cp, "notes-writer", "echo 'written after the snapshot' >> /notes/notes.txt; sync")
-        other = next(n.name for n in self.nodes if n.name != node)
-        say(f"  restore: claim 'notes-restored' with dataSource notes-snap, mounted by a reader "
-            f"pod on {other}; the snapshot lives in {node}'s thin pool, so topolvm-node on "
-            f"{other} copies it from {node}'s (TLS; only the written blocks)")  # fmt: skip
-        cp.apply(claim("notes-restored", "1Gi", source="notes-snap"),
-                 pod("notes-reader", "notes-restored", node=other))  # fmt: skip
-        self.wait_ready("notes-reader")
-        pv = cp.kubectl("get", "pvc", "notes-restored", "-n", NS,
-                        "-o", "jsonpath={.spec.volumeName}")  # fmt: skip
-        kubectl(cp, "get", "logicalvolumes.topolvm.io", pv, "-o", COPY_COLUMNS)
-        kubectl(cp, "get", "events", "-n", NS,
-                "--field-selector=involvedObject.name=notes-restored",
-                "--sort-by=.lastTimestamp", "-o", "custom-columns=REASON:.reason,"
-                "FROM:.source.component,MESSAGE:.message")  # fmt: skip
-        in_pod(cp, "notes-writer", "cat /notes/notes.txt")
-        restored = in_pod(cp, "notes-reader", "cat /notes/notes.txt")
-        if restored.strip() != "written before the snapshot":
-            raise DemoError(f"the restored volume reads {restored!r}")
-        say(f"  the reader on {other} sees the file as it was at the snapshot")
-        self.lvs(other)
-
-    def offnode(self) -> None:
-        cp, src = self.kube, self.placement["vault-0"]
-        say("  a VolumeSnapshotClass that keeps a snapshot on another node than its source's, "
-            "and a snapshot of the thick claim audit-vault-0:")  # fmt: skip
-        objs = snapshot_objects("topolvm-offnode", "audit-snap", "audit-vault-0",
-                                {"topolvm.io/snapshot-placement": "other-node"})  # fmt: skip
-        for i, obj in enumerate(objs):
-            if i:
-                say("    ---")
-            show_yaml(obj)
-        cp.apply(*objs)
-        until("VolumeSnapshot audit-snap readyToUse (its 5Gi copied to another node)",
-              lambda: snapshot_ready(cp, "audit-snap"), 300,
-              lambda: claim_state(cp) + "\n" + self.logs())  # fmt: skip
-        kubectl(cp, "get", "volumesnapshot", "audit-snap")
-        lv = snapshot_volume(cp, "audit-snap")
-        kubectl(cp, "get", "logicalvolumes.topolvm.io", lv["metadata"]["name"], "-o", COPY_COLUMNS)
-        where = lv["spec"]["nodeName"]
-        if where == src or lv.get("status", {}).get("copy", {}).get("phase") != "Done":
-            raise DemoError(f"audit-snap's LogicalVolume: node {where}, source's node {src}, "
-                            f"copy {lv.get('status', {}).get('copy')}")  # fmt: skip
-        say(f"  the snapshot is an LV of its own on {where}, not on {src}: it outlives {src}, "
-            "and a restore from it can land on any node")  # fmt: skip
-        self.lvs(where)
-
-    # --- 7 ------------------------------------------------------------------------------
+    # --- 8 ------------------------------------------------------------------------------
 
     def view(self) -> None:
         cp = self.kube
@@ -298,7 +210,7 @@ class Demo(DemoBed):
                             f"{self.logs()}")  # fmt: skip
         say("  every container of the chart still in its first run (RESTARTS 0)")
 
-    # --- 8 ------------------------------------------------------------------------------
+    # --- 9 ------------------------------------------------------------------------------
 
     def remove(self) -> None:
         cp = self.kube
@@ -342,8 +254,8 @@ class Demo(DemoBed):
             self.resize()
         with step("Snapshot a thin volume, restore it on another node"):
             self.snapshot()
-        with step("A thick snapshot of audit-vault-0, kept on another node"):
-            self.offnode()
+        with step("A new vault-2 seeded from vault-0's audit snapshot, kept on another node"):
+            self.seed()
         with step("kubectl get pvc,pv,logicalvolumes,csistoragecapacities,pods -A"):
             self.view()
         with step("Remove everything, stop everything"):

@@ -205,8 +205,9 @@ def vault_statefulset() -> dict[str, Any]:
     }  # fmt: skip
 
 
-def claim(name: str, size: str, source: str | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "storageClassName": SC_THIN,
+def claim(name: str, size: str, source: str | None = None,
+          storage_class: str = SC_THIN) -> dict[str, Any]:  # fmt: skip
+    spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "storageClassName": storage_class,
                             "resources": {"requests": {"storage": size}}}  # fmt: skip
     if source:
         spec["dataSource"] = {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot",

@@ -1,0 +1,153 @@
+"""Steps 6 and 7 of ``make demo`` (devtools/demo.py): data that leaves its node. A thin volume's
+snapshot restored for a pod on another node, and a new Vault replica seeded from a snapshot of
+another replica's audit volume that is kept on a third node (docs/transfer.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from devtools.demo_bed import DemoBed
+from devtools.demo_steps import (
+    COPY_COLUMNS,
+    NS,
+    SC,
+    SC_THIN,
+    DemoError,
+    claim,
+    claim_state,
+    get_json,
+    in_pod,
+    indent,
+    kubectl,
+    pod,
+    ready_pod,
+    say,
+    show_yaml,
+    snapshot_objects,
+    snapshot_ready,
+    snapshot_volume,
+    until,
+)
+
+LVS = ("lvs", "-o", "lv_name,lv_size,lv_attr,pool_lv,origin,data_percent", "vg1")
+AUDIT_LOG = "/vault/audit/audit.log"
+
+
+@dataclass
+class VolumeSteps(DemoBed):
+    """What the steps that handle pods and volumes share, and steps 6 and 7."""
+
+    placement: dict[str, str] = field(default_factory=dict)  # pod -> node
+
+    def wait_ready(self, name: str, timeout: float = 240, not_uid: str = "") -> dict[str, Any]:
+        def details() -> str:
+            described = self.kube.kubectl("describe", "pod", name, "-n", NS, check=False)
+            return f"{described[-2500:]}\n{claim_state(self.kube)}\n{self.logs()}"
+
+        obj: dict[str, Any] = until(f"pod {name} Ready (its volumes mounted, container started)",
+                                    lambda: ready_pod(self.kube, name, not_uid), timeout,
+                                    details)  # fmt: skip
+        return obj
+
+    def lvs(self, node_name: str) -> None:
+        say(f"  $ lvm {' '.join(LVS)}    # in {node_name}")
+        say(indent(self.node(node_name).lvm(*LVS)))
+
+    def show_copy(self, claim_name: str) -> None:
+        """The claim's LogicalVolume with its copy status, and the claim's events."""
+        cp = self.kube
+        pv = cp.kubectl("get", "pvc", claim_name, "-n", NS, "-o", "jsonpath={.spec.volumeName}")
+        kubectl(cp, "get", "logicalvolumes.topolvm.io", pv, "-o", COPY_COLUMNS)
+        kubectl(cp, "get", "events", "-n", NS, f"--field-selector=involvedObject.name={claim_name}",
+                "--sort-by=.lastTimestamp", "-o", "custom-columns=REASON:.reason,"
+                "FROM:.source.component,MESSAGE:.message")  # fmt: skip
+
+    # --- 6 ------------------------------------------------------------------------------
+
+    def snapshot(self) -> None:
+        cp = self.kube
+        say(f"  a 1Gi claim 'notes' on {SC_THIN} (thin) and a writer pod")
+        writer = "[ -s /notes/notes.txt ] || echo 'written before the snapshot' > /notes/notes.txt"
+        cp.apply(claim("notes", "1Gi"), pod("notes-writer", "notes", writer))
+        node = self.wait_ready("notes-writer")["spec"]["nodeName"]
+        in_pod(cp, "notes-writer", "cat /notes/notes.txt")
+        objs = snapshot_objects("topolvm-snapshots", "notes-snap", "notes")
+        say("  $ kubectl apply -f snapshot.yaml")
+        for i, obj in enumerate(objs):
+            if i:
+                say("    ---")
+            show_yaml(obj)
+        cp.apply(*objs)
+        until("VolumeSnapshot notes-snap readyToUse", lambda: snapshot_ready(cp, "notes-snap"),
+              180, self.logs)  # fmt: skip
+        kubectl(cp, "get", "volumesnapshot", "notes-snap")
+        in_pod(cp, "notes-writer", "echo 'written after the snapshot' >> /notes/notes.txt; sync")
+        other = next(n.name for n in self.nodes if n.name != node)
+        say(f"  restore: claim 'notes-restored' with dataSource notes-snap, mounted by a reader "
+            f"pod on {other}; the snapshot lives in {node}'s thin pool, so topolvm-node on "
+            f"{other} copies it from {node}'s (TLS; only the written blocks)")  # fmt: skip
+        cp.apply(claim("notes-restored", "1Gi", source="notes-snap"),
+                 pod("notes-reader", "notes-restored", node=other))  # fmt: skip
+        self.wait_ready("notes-reader")
+        self.show_copy("notes-restored")
+        in_pod(cp, "notes-writer", "cat /notes/notes.txt")
+        restored = in_pod(cp, "notes-reader", "cat /notes/notes.txt")
+        if restored.strip() != "written before the snapshot":
+            raise DemoError(f"the restored volume reads {restored!r}")
+        say(f"  the reader on {other} sees the file as it was at the snapshot")
+        self.lvs(other)
+
+    # --- 7 ------------------------------------------------------------------------------
+
+    def seed(self) -> None:
+        cp, src = self.kube, self.placement["vault-0"]
+        before = in_pod(cp, "vault-0", f"sync; cat {AUDIT_LOG}").strip()
+        say("  a VolumeSnapshotClass that keeps a snapshot on another node than its source's, "
+            "and a snapshot of vault-0's thick audit volume:")  # fmt: skip
+        objs = snapshot_objects("topolvm-offnode", "audit-snap", "audit-vault-0",
+                                {"topolvm.io/snapshot-placement": "other-node"})  # fmt: skip
+        for i, obj in enumerate(objs):
+            if i:
+                say("    ---")
+            show_yaml(obj)
+        cp.apply(*objs)
+        until("VolumeSnapshot audit-snap readyToUse (5Gi copied to another node)",
+              lambda: snapshot_ready(cp, "audit-snap"), 300,
+              lambda: claim_state(cp) + "\n" + self.logs())  # fmt: skip
+        kubectl(cp, "get", "volumesnapshot", "audit-snap")
+        lv = snapshot_volume(cp, "audit-snap")
+        kubectl(cp, "get", "logicalvolumes.topolvm.io", lv["metadata"]["name"], "-o", COPY_COLUMNS)
+        kept = lv["spec"]["nodeName"]
+        if kept == src or (lv.get("status", {}).get("copy") or {}).get("phase") != "Done":
+            raise DemoError(f"audit-snap's LogicalVolume: node {kept}, source's node {src}, "
+                            f"copy {lv.get('status', {}).get('copy')}")  # fmt: skip
+        say(f"  the snapshot is an LV of its own on {kept}, filled from a short-lived COW cut "
+            f"on {src}: it outlives {src}")  # fmt: skip
+        self.lvs(kept)
+        in_pod(cp, "vault-0", f"echo 'written after the snapshot' >> {AUDIT_LOG}; sync")
+        say("  vault-2 starts over from vault-0's audit log: scale to 2, delete vault-2's claims, "
+            "write audit-vault-2 from the snapshot, scale to 3")  # fmt: skip
+        old = {c: cp.kubectl("get", "pvc", c, "-n", NS, "-o", "jsonpath={.spec.volumeName}")
+               for c in ("data-vault-2", "audit-vault-2")}  # fmt: skip
+        kubectl(cp, "scale", "statefulset", "vault", "--replicas=2")
+        until("pod vault-2 gone", lambda: not get_json(cp, "pod", "vault-2", "-n", NS), 120,
+              lambda: claim_state(cp))  # fmt: skip
+        kubectl(cp, "delete", "pvc", *old)
+        until("vault-2's volumes removed (their PVs gone)",
+              lambda: not any(get_json(cp, "pv", pv) for pv in old.values()), 180,
+              lambda: claim_state(cp) + "\n" + self.logs())  # fmt: skip
+        seeded = claim("audit-vault-2", "5Gi", source="audit-snap", storage_class=SC)
+        show_yaml(seeded)
+        cp.apply(seeded)
+        kubectl(cp, "scale", "statefulset", "vault", "--replicas=3")
+        node = self.wait_ready("vault-2", timeout=420)["spec"]["nodeName"]
+        self.placement["vault-2"] = node
+        self.show_copy("audit-vault-2")
+        log = in_pod(cp, "vault-2", f"cat {AUDIT_LOG}").strip()
+        last = log.splitlines()[-1]
+        if (not log.startswith(before) or "after the snapshot" in log
+                or "vault-2 (uid" not in last or f"started on {node}" not in last):  # fmt: skip
+            raise DemoError(f"vault-2's audit log reads {log!r}; vault-0's was {before!r}")
+        say(f"  vault-2 on {node} reads vault-0's audit log as it was at the snapshot (copied "
+            f"from {kept}), then its own start")  # fmt: skip
