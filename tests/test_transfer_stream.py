@@ -123,13 +123,13 @@ def _target(tmp: Path, size: int, chunk: int = 0) -> VolumeInfo:
 async def _receive(
     s: Server, target: VolumeInfo, resume: Checkpoint | None = None,
     stop: threading.Event | None = None, fingerprint: str = "",
-    checkpoints: list[Checkpoint] | None = None,
+    checkpoints: list[Checkpoint] | None = None, fresh: bool = True,
 ) -> Outcome:  # fmt: skip
     endpoint = Endpoint("node-a", "127.0.0.1", s.server.port, fingerprint or s.server.fingerprint)
     seen = checkpoints if checkpoints is not None else []
     return await asyncio.to_thread(
-        receive, endpoint, _hello(resume), target, seen.append,
-        lambda *a: None, stop or threading.Event(), 5.0,
+        lambda: receive(endpoint, _hello(resume), target, seen.append, lambda *a: None,
+                        stop or threading.Event(), 5.0, fresh=fresh)
     )  # fmt: skip
 
 
@@ -234,3 +234,70 @@ def test_a_local_copy_checks_its_digest(tmp_path: Path) -> None:
         sink.end(forged, sink.counts)
     volume.close()
     out.close()
+
+
+async def test_a_thin_target_an_earlier_attempt_wrote_into_is_cleared_before_it_starts_over(
+    server: MakeServer, tmp_path: Path
+) -> None:
+    """A thin target skips the source's zeros: right for a new volume, wrong for one an
+    earlier attempt wrote into (its source was made again since). Such a copy clears it."""
+    s = await server(mapped=True)
+    size = s.source.stat().st_size
+    target = _target(tmp_path, size, chunk=65536)
+    Path(target.path).write_bytes(b"\xaa" * size)  # an earlier attempt's data
+    await _receive(s, target, fresh=False)
+    assert Path(target.path).read_bytes() == s.source.read_bytes()
+
+
+class _Recorded(Volume):
+    def __init__(self, path: str) -> None:
+        super().__init__(path, writable=True)
+        self.zeroed: list[int] = []
+
+    def zero(self, offset: int, length: int) -> None:
+        self.zeroed.append(length)
+        super().zero(offset, length)
+
+
+def test_a_long_run_of_zeros_moves_in_bounded_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mostly empty thick volume: the sender reads many GiB of zeros. It sends a ZERO record
+    at least every ``ZERO_RUN`` bytes read (so the receiver's I/O timeout never fires), and
+    the receiver zeroes at most that much per call."""
+    monkeypatch.setattr(pipeline, "ZERO_RUN", 4 * MiB)
+    src = tmp_path / "source"
+    with src.open("wb") as f:
+        f.truncate(24 * MiB)
+    target = _target(tmp_path, 24 * MiB)  # thick: every zero is written
+    volume = Volume(str(src), writable=False)
+    records = list(pipeline.RecordSource(volume, 24 * MiB, plan.full(24 * MiB)).records())
+    assert [(k, length) for k, _, length, _ in records] == [(wire.Kind.ZERO, 4 * MiB)] * 6
+    out = _Recorded(target.path)
+    sink = pipeline.RecordSink(out, 24 * MiB, 24 * MiB, 0, lambda o, d: None)
+    sink.zero(0, 24 * MiB)  # one record as long as the volume (an older sender)
+    assert out.zeroed == [4 * MiB] * 6
+    assert Path(target.path).read_bytes() == bytes(24 * MiB)
+    volume.close()
+    out.close()
+
+
+async def test_a_peer_that_stalls_its_handshake_is_cut_off(server: MakeServer) -> None:
+    """One deadline for the TLS handshake and the HELLO: a peer sending a byte now and then
+    never holds a handshake thread for long."""
+    s = await server(mapped=True)
+    s.server.handshake_timeout = 1.0
+    reader, writer = await asyncio.open_connection("127.0.0.1", s.server.port)
+
+    async def trickle() -> bytes:
+        while True:
+            writer.write(b"\x16")  # a TLS record's first byte, then nothing useful
+            await writer.drain()
+            try:
+                return await asyncio.wait_for(reader.read(1), 0.3)
+            except TimeoutError:
+                continue
+
+    closed = await asyncio.wait_for(trickle(), 30)
+    assert closed == b""  # the server closed the connection
+    writer.close()

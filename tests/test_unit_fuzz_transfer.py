@@ -81,8 +81,9 @@ def _receive(tmp: Path, frames: list[bytes]) -> tuple[Outcome | TransferError, b
     conn = Conn(ours, "fuzz")
     info = VolumeInfo(str(target), SIZE, False, 0, "t")
     try:
-        result: Outcome | TransferError = _fill(conn, HELLO, ACCEPT, info, lambda c: None,
-                                                lambda *a: None, threading.Event())  # fmt: skip
+        result: Outcome | TransferError = _fill(
+            conn, HELLO, ACCEPT, info, lambda c: None, lambda *a: None, threading.Event(), True
+        )
     except TransferError as e:
         result = e
     finally:

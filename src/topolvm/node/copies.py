@@ -30,11 +30,11 @@ from topolvm.constants import Names
 from topolvm.k8s import api
 from topolvm.k8s import errors as kube
 from topolvm.k8s.lvobject import CopyPhase, CopyStatus, LogicalVolumeObject
-from topolvm.node.copyreport import CopyImpossible, CopyReporter, Run, SourceGone, human, now
+from topolvm.node.copyreport import CopyReporter, Run, SourceGone, human, now
 from topolvm.node.volumes import Cuts, LvmdVolumes
 from topolvm.transfer import client, messages, pipeline, plan
 from topolvm.transfer.blockio import Volume
-from topolvm.transfer.errors import SourceFailed, TransferError, Unreachable
+from topolvm.transfer.errors import CopyImpossible, SourceFailed, TransferError, Unreachable
 from topolvm.transfer.jobs import Limits, VolumeInfo
 from topolvm.transfer.metrics import TransferMetrics
 
@@ -116,14 +116,26 @@ class CopyJobs:
                 await self._attempt(lv)
                 return
             except TransferError as e:
-                if not e.transient:
-                    await self.report.failed(lv, e)
+                if await self._report_error(lv, e, delay):
                     return
-                await self.report.waiting(lv, e, delay)
             except kube.KubeError as e:
                 log.warning("copy: API error", extra={"lv": name, "error": kube.describe(e)})
+            except Exception:  # a defect: logged with its traceback, and the job goes on
+                log.exception("copy: unexpected error", extra={"lv": name})
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.options.retry_max)
+
+    async def _report_error(self, lv: LogicalVolumeObject, e: TransferError, delay: float) -> bool:
+        """Report a failed attempt; True if the job is over (it failed for good)."""
+        try:
+            if not e.transient:
+                await self.report.failed(lv, e)
+                return True
+            await self.report.waiting(lv, e, delay)
+        except kube.KubeError as k:
+            log.warning("copy: cannot report", extra={"lv": lv.name, "error": kube.describe(k),
+                                                      "copy_error": str(e)})  # fmt: skip
+        return False
 
     async def _attempt(self, lv: LogicalVolumeObject) -> None:
         source_name = lv.copy_source or lv.source
@@ -207,6 +219,7 @@ class CopyJobs:
                 stop,
                 timeout,
                 accepted,
+                fresh=prior.attempts == 0,
             )
 
         outcome = await self._in_thread(work, stop)
@@ -254,8 +267,10 @@ class CopyJobs:
         def work() -> bytes:
             if target.size < info.size:
                 raise CopyImpossible(f"the target ({target.size} bytes) is smaller than the source")
-            reader, writer = Volume(info.path, writable=False), Volume(target.path, writable=True)
+            reader = Volume(info.path, writable=False)
+            writer: Volume | None = None
             try:
+                writer = Volume(target.path, writable=True)
                 pieces = (
                     plan.mapped(info.size, mapped, start)
                     if mapped is not None
@@ -276,12 +291,14 @@ class CopyJobs:
                     checkpoint,
                     start,
                     resume.digest if resume else None,
+                    fresh=prior.attempts == 0,
                 )
                 sink.on_progress = lambda pos: progress(pos, info.size, sink.counts.data_bytes)
                 return pipeline.copy_local(src, sink, stop, pipeline.Throttle(limits.bandwidth))
             finally:
                 reader.close()
-                writer.close()
+                if writer is not None:
+                    writer.close()
 
         digest = await self._in_thread(work, stop)
         await self.report.done(run, digest, f"{source.name} on this node")

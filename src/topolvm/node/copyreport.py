@@ -20,20 +20,18 @@ from topolvm.k8s import api, events
 from topolvm.k8s import errors as kube
 from topolvm.k8s.lvobject import CopyPhase, CopyStatus, InvalidQuantity, LogicalVolumeObject
 from topolvm.transfer import client, messages
-from topolvm.transfer.errors import DigestMismatch, TransferError
+from topolvm.transfer.errors import CopyImpossible, DigestMismatch, TransferError
 from topolvm.transfer.metrics import TransferMetrics
 
 log = logging.getLogger(__name__)
 
 
-class CopyImpossible(TransferError):
-    """What no retry mends: the copy fails, and its target with it."""
-
-    transient = False
+class CheckpointFailed(TransferError):
+    """A checkpoint could not be written to status (the API server did not answer)."""
 
 
 class SourceGone(CopyImpossible):
-    pass
+    """The source LogicalVolume is gone."""
 
 
 def human(n: float) -> str:
@@ -100,7 +98,12 @@ class CopyReporter:
 
         def persist(cp: client.Checkpoint) -> None:
             future = asyncio.run_coroutine_threadsafe(self.checkpoint(run, cp), loop)
-            future.result(timeout=60)
+            try:
+                future.result(timeout=60)
+            except (TimeoutError, kube.KubeError) as e:
+                future.cancel()
+                # not acknowledged: the sender goes on from the last checkpoint that was
+                raise CheckpointFailed(f"checkpoint at {cp.offset} not written: {e}") from e
 
         return persist
 

@@ -150,7 +150,9 @@ class TransferService:
 
     async def sweep(self, device_classes: Collection[str]) -> None:
         """Remove cuts whose job is over (its target filled, failed or gone): what a node that
-        was down when the job ended left."""
+        was down when the job ended left. The cuts are listed first: a job that starts after the
+        list of LogicalVolumes would otherwise lose the cut it just made."""
+        cuts = {dc: await self.cuts.listed(dc) for dc in device_classes}
         try:
             items, _ = await api.list_all(self.client, self.resource)
         except kube.KubeError as e:
@@ -163,8 +165,8 @@ class TransferService:
                 copied = lv.copy_source or lv.copy is not None
                 if copied and not lv.copy_done and not lv.deleting and not lv.code:
                     running.add(lv.uid)
-        for dc in device_classes:
-            for job in await self.cuts.listed(dc):
+        for dc, jobs in cuts.items():
+            for job in jobs:
                 if job not in running:
                     with contextlib.suppress(TransferError):
                         await self.cuts.remove(job, dc)

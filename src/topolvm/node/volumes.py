@@ -100,6 +100,7 @@ class Cuts:
         """Job UIDs of the cuts in ``device_class``."""
         try:
             volumes = await self.lvmd.get_lv_list(device_class)
-        except LvmdCallError:
+        except LvmdCallError as e:
+            log.warning("cannot list cuts", extra={"device_class": device_class, "error": str(e)})
             return []
         return [job for v in volumes if (job := job_of_cut(v.name)) is not None]

@@ -16,9 +16,10 @@ import os
 import stat
 import struct
 
-from topolvm.transfer.errors import SourceFailed, TargetFailed
+from topolvm.transfer.errors import CopyImpossible, SourceFailed, TargetFailed
 
 BLKZEROOUT = 0x127F  # _IO(0x12, 127)
+BLKDISCARD = 0x1277  # _IO(0x12, 119)
 ALIGN = 4096  # what O_DIRECT asks of offsets, lengths and buffer addresses (logical block size)
 _ZEROS = bytes(1 << 20)
 
@@ -44,22 +45,25 @@ class Volume:
     def __init__(self, path: str, *, writable: bool) -> None:
         flags = (os.O_WRONLY if writable else os.O_RDONLY) | os.O_CLOEXEC
         error = TargetFailed if writable else SourceFailed
+        self.fd = self.direct = -1
         try:
             self.fd = os.open(path, flags)
             self.block = stat.S_ISBLK(os.fstat(self.fd).st_mode)
             self.direct = os.open(path, flags | os.O_DIRECT) if self.block else -1
+            if not writable:
+                os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         except OSError as e:
+            self.close()
             raise error(f"cannot open {path}: {e.strerror}") from e
         self.path = path
         self._error = error
         self._dropped = 0  # the page cache is dropped up to here
-        if not writable:
-            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
 
     def close(self) -> None:
-        os.close(self.fd)
-        if self.direct >= 0:
-            os.close(self.direct)
+        for fd in (self.fd, self.direct):
+            if fd >= 0:
+                os.close(fd)
+        self.fd = self.direct = -1
 
     def _fd(self, view: memoryview, offset: int) -> int:
         whole = offset % ALIGN == 0 and len(view) % ALIGN == 0
@@ -100,6 +104,22 @@ class Volume:
             n = min(len(_ZEROS), end - offset)
             self.write(memoryview(_ZEROS)[:n], offset)
             offset += n
+
+    def discard(self, length: int) -> None:
+        """Unmap the first ``length`` bytes (``BLKDISCARD``): on a thin volume they read as
+        zeros again. A regular file is zeroed instead. A device that cannot discard (a thin
+        pool with ``discards=ignore``) raises :class:`CopyImpossible`."""
+        if not self.block:
+            self.zero(0, length)
+            return
+        try:
+            fcntl.ioctl(self.fd, BLKDISCARD, struct.pack("=QQ", 0, length))
+        except OSError as e:
+            raise CopyImpossible(
+                f"{self.path} holds an earlier attempt's data and cannot be cleared "
+                f"(BLKDISCARD: {e.strerror}; does its thin pool ignore discards?): the volume "
+                "is made again"
+            ) from e
 
     def sync(self, upto: int) -> None:
         """Make what was written durable (fdatasync), then drop it from the page cache."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from topolvm.transfer import messages, wire
 from topolvm.transfer.blockio import Volume, aligned
 from topolvm.transfer.conn import Conn, raise_if_refused
-from topolvm.transfer.errors import ConnectionLost, ProtocolError, TargetFailed, Unreachable
+from topolvm.transfer.errors import ConnectionLost, CopyImpossible, ProtocolError, Unreachable
 from topolvm.transfer.jobs import VolumeInfo
 from topolvm.transfer.pipeline import RecordSink
 from topolvm.transfer.tls import check_peer, client_context
@@ -77,24 +77,26 @@ def connect(endpoint: Endpoint, timeout: float) -> Conn:
 def receive(
     endpoint: Endpoint, hello: messages.Hello, target: VolumeInfo, persist: Persist,
     progress: Progress, stop: threading.Event, timeout: float,
-    accepted: Accepted = lambda accept: None,
+    accepted: Accepted = lambda accept: None, *, fresh: bool = True,
 ) -> Outcome:  # fmt: skip
+    """Receive the job of ``hello`` into ``target``; ``fresh``: no earlier attempt wrote into
+    it (see :class:`~topolvm.transfer.pipeline.RecordSink`)."""
     conn = connect(endpoint, timeout)
     try:
         conn.send_message(hello)
         accept = conn.recv_message(messages.Accept)
         accepted(accept)
-        return _fill(conn, hello, accept, target, persist, progress, stop)
+        return _fill(conn, hello, accept, target, persist, progress, stop, fresh)
     finally:
         conn.close()
 
 
 def _fill(
     conn: Conn, hello: messages.Hello, accept: messages.Accept, target: VolumeInfo,
-    persist: Persist, progress: Progress, stop: threading.Event,
+    persist: Persist, progress: Progress, stop: threading.Event, fresh: bool,
 ) -> Outcome:  # fmt: skip
     if accept.size > target.size:
-        raise TargetFailed(f"the source has {accept.size} bytes, the target only {target.size}")
+        raise CopyImpossible(f"the source has {accept.size} bytes, the target only {target.size}")
     resume = hello.resume
     if accept.offset and (resume is None or accept.offset != resume.offset):
         raise ProtocolError(f"ACCEPT at {accept.offset}, which was not asked for")
@@ -107,7 +109,7 @@ def _fill(
     volume = Volume(target.path, writable=True)
     try:
         sink = RecordSink(volume, accept.size, target.size, target.chunk, checkpoint,
-                          accept.offset, state)  # fmt: skip
+                          accept.offset, state, fresh=fresh)  # fmt: skip
         sink.on_progress = lambda position: progress(position, accept.size, sink.counts.data_bytes)
         payload = aligned(wire.SEGMENT)  # page-aligned: written with O_DIRECT
         while True:

@@ -9,7 +9,9 @@
     │   └── PeerMismatch        the sender's certificate is not the one its Node publishes
     ├── ConnectionLost          the connection broke or stalled mid-copy              [retried]
     ├── SourceFailed            the sender could not read its source (its FAIL record)
-    └── TargetFailed            the receiver could not write its target
+    ├── TargetFailed            the receiver could not write its target
+    └── CopyImpossible          what no retry mends (a target too small, a thin target that
+                                cannot be cleared): the copy fails, and its target with it
 
 ``transient`` says whether trying again later may succeed.
 """
@@ -70,3 +72,9 @@ class SourceFailed(TransferError):
 
 class TargetFailed(TransferError):
     """The receiver could not write its target volume."""
+
+
+class CopyImpossible(TransferError):
+    """What no retry mends: the copy fails, and its target with it."""
+
+    transient = False

@@ -20,6 +20,10 @@ from topolvm.transfer.sparse import Op, SparseTarget
 _ZEROS = bytes(wire.SEGMENT)
 CHECKPOINT_BYTES = 256 << 20  # of progress through the volume, at most, between checkpoints
 CHECKPOINT_SECONDS = 5.0  # or of time
+# the longest ZERO record a source sends after reading zeros, and the most a sink zeroes in one
+# call: a mostly empty thick volume (XFS leaves runs of many GiB) keeps the stream moving well
+# within the I/O timeout, and checkpoints keep coming
+ZERO_RUN = 64 << 20
 
 
 @dataclass
@@ -93,6 +97,9 @@ class RecordSource:
                 zero_from = zero_to = piece.offset + piece.length
                 continue
             zero_to = piece.offset + piece.length
+            if zero_to - zero_from >= ZERO_RUN:
+                yield self._zero(zero_from, zero_to)
+                zero_from = zero_to
         if zero_to > zero_from:
             yield self._zero(zero_from, zero_to)
 
@@ -114,7 +121,11 @@ class RecordSink:
     """Writes records to ``volume`` (the target, ``target_size`` bytes) for a source of
     ``size`` bytes from ``start`` (a multiple of the checkpoint grid, with the digest chain's
     ``state`` there). Every ``CHECKPOINT_*`` it syncs at the next grid boundary and calls
-    ``checkpoint(offset, state)``: what comes before ``offset`` is durable."""
+    ``checkpoint(offset, state)``: what comes before ``offset`` is durable.
+
+    A thin target skips zeros, so it must read as zeros where this copy does not write: true of
+    a new volume (``fresh``). One that an earlier attempt wrote into, copied again from the
+    start (its source changed, or its checkpoint was refused), is discarded first."""
 
     volume: Volume
     size: int
@@ -125,11 +136,14 @@ class RecordSink:
     state: bytes | None = None
     counts: Counts = field(default_factory=Counts)
     on_progress: Callable[[int], None] = lambda position: None
+    fresh: bool = True
 
     def __post_init__(self) -> None:
         self.grid = plan.grid(self.chunk)
         if self.start % self.grid and self.start != self.size:
             raise ValueError(f"a copy resumes at a multiple of {self.grid}, not {self.start}")
+        if self.chunk and self.start == 0 and not self.fresh:
+            self.volume.discard(self.target_size)
         self.digest = digest.VolumeDigest(self.size, self.start, self.state)
         self.sparse = SparseTarget(self.chunk, self.start)
         self._last_offset = self.start
@@ -169,10 +183,10 @@ class RecordSink:
         end = offset + length
         while self.position < end:
             # a long zero run passes checkpoints: stop at the next grid boundary when one is due
-            step_end = end
+            step_end = min(end, self.position + ZERO_RUN)
             if self._due():
                 boundary = (self.position // self.grid + 1) * self.grid
-                step_end = min(end, boundary)
+                step_end = min(step_end, boundary)
             n = step_end - self.position
             self._apply(self.sparse.zero(self.position, n), memoryview(b""))
             self.digest.feed_zero(self.position, n)

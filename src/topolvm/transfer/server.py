@@ -10,9 +10,11 @@ computed there); one that fails a check starts over from zero rather than trusti
 
 The handshake, the stream and the receiver's acknowledgements run in worker threads on
 blocking sockets (no event-loop hop per record); the loop only accepts, authorises and keeps
-count. At most ``limits.concurrency`` jobs stream at once; more are refused as ``busy`` and
-the receivers come back later. A job connecting again (after a cut link) replaces its
-earlier stream.
+count. Handshakes have threads of their own and one deadline for the TLS handshake and the
+HELLO together, and at most ``PENDING`` connections wait for theirs: peers that connect and
+stall cannot hold up a stream. At most ``limits.concurrency`` jobs stream at once; more are
+refused as ``busy`` and the receivers come back later. A job connecting again (after a cut
+link) replaces its earlier stream.
 """
 
 from __future__ import annotations
@@ -31,14 +33,16 @@ from typing import Any
 from topolvm.transfer import messages, plan, wire
 from topolvm.transfer.blockio import Volume
 from topolvm.transfer.conn import Conn
-from topolvm.transfer.errors import DigestMismatch, Refused, TransferError
-from topolvm.transfer.jobs import Authorise, Limits, VolumeInfo, Volumes
+from topolvm.transfer.errors import DigestMismatch, Refused, SourceFailed, TransferError
+from topolvm.transfer.jobs import Authorise, Job, Limits, VolumeInfo, Volumes
 from topolvm.transfer.metrics import TransferMetrics
 from topolvm.transfer.pipeline import RecordSource, Throttle
 from topolvm.transfer.tls import server_context
 
 log = logging.getLogger(__name__)
-HANDSHAKE_TIMEOUT = 10.0
+HANDSHAKE_TIMEOUT = 10.0  # for the TLS handshake and the HELLO together
+HANDSHAKES = 8  # at once, in threads of their own: slow or silent peers never hold a stream's
+PENDING = 64  # connections not yet authorised; more are closed at once
 REMEMBERED_JOBS = 256
 REMEMBERED_BOUNDARIES = 4096  # per job: about 4 GiB of stream past its last acknowledgement
 
@@ -86,6 +90,11 @@ def _checked(
     return offset, state, ""
 
 
+def _shut(raw: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        raw.shutdown(socket.SHUT_RDWR)
+
+
 class TransferServer:
     def __init__(
         self, node: str, authorise: Authorise, volumes: Volumes, limits: Limits,
@@ -98,8 +107,12 @@ class TransferServer:
         self.metrics = metrics
         self.ssl: ssl.SSLContext | None = None  # made at start, with a fresh key
         self.fingerprint = ""
-        self._pool = ThreadPoolExecutor(max_workers=4 * limits.concurrency + 4,
+        self._pool = ThreadPoolExecutor(max_workers=2 * limits.concurrency + 2,
                                         thread_name_prefix="transfer-send")  # fmt: skip
+        self._handshakes = ThreadPoolExecutor(max_workers=HANDSHAKES,
+                                              thread_name_prefix="transfer-hello")  # fmt: skip
+        self._pending = 0
+        self.handshake_timeout = HANDSHAKE_TIMEOUT
         self._listener: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
         self._handlers: set[asyncio.Task[None]] = set()
@@ -135,12 +148,18 @@ class TransferServer:
             task.cancel()
         await asyncio.gather(*self._handlers, return_exceptions=True)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._handshakes.shutdown(wait=False, cancel_futures=True)
 
     async def _accept_loop(self) -> None:
         loop = asyncio.get_running_loop()
         assert self._listener is not None
         while True:
             raw, addr = await loop.sock_accept(self._listener)
+            if self._pending >= PENDING:
+                log.warning("transfer connection closed: too many not yet authorised",
+                            extra={"peer": addr[0], "pending": self._pending})  # fmt: skip
+                raw.close()
+                continue
             task = asyncio.create_task(self._serve(raw, f"{addr[0]}:{addr[1]}"))
             self._handlers.add(task)
             task.add_done_callback(self._handlers.discard)
@@ -150,24 +169,37 @@ class TransferServer:
 
     def _handshake(self, raw: socket.socket, peer: str) -> tuple[Conn, messages.Hello]:
         raw.setblocking(True)
-        raw.settimeout(HANDSHAKE_TIMEOUT)
+        raw.settimeout(self.handshake_timeout)
         raw.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         assert self.ssl is not None
-        conn = Conn.tls(raw, self.ssl, peer, server=True)
+        # one deadline for the whole handshake: a peer trickling a byte now and then is cut off
+        deadline = threading.Timer(self.handshake_timeout, _shut, (raw,))
+        deadline.start()
         try:
-            hello = conn.recv_message(messages.Hello)
+            conn = Conn.tls(raw, self.ssl, peer, server=True)
+            try:
+                hello = conn.recv_message(messages.Hello)
+            except BaseException:
+                conn.close()
+                raise
         except BaseException:
-            conn.close()
+            raw.close()
             raise
+        finally:
+            deadline.cancel()
         raw.settimeout(self.limits.io_timeout)
         return conn, hello
 
     async def _serve(self, raw: socket.socket, peer: str) -> None:
+        loop = asyncio.get_running_loop()
+        self._pending += 1
         try:
-            conn, hello = await self._run(self._handshake, raw, peer)
+            conn, hello = await loop.run_in_executor(self._handshakes, self._handshake, raw, peer)
         except TransferError as e:
             log.warning("transfer connection dropped", extra={"peer": peer, "error": str(e)})
             return
+        finally:
+            self._pending -= 1
         try:
             await self._answer(conn, hello)
         except Refused as r:
@@ -177,6 +209,8 @@ class TransferServer:
             refusal = messages.Refuse(reason=r.reason, message=r.message[:4000])  # type: ignore[arg-type]
             with contextlib.suppress(TransferError):
                 await self._run(conn.send_message, refusal)
+        except Exception:  # a defect: logged; the peer sees the connection close
+            log.exception("transfer connection failed", extra={"peer": peer, "job": hello.job})
         finally:
             conn.close()
 
@@ -197,8 +231,24 @@ class TransferServer:
             earlier[0].set()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(earlier[1]), self.limits.io_timeout + 5)
-        if len(self._streams) >= self.limits.concurrency:
+        if len(self._streams) >= self.limits.concurrency or job.uid in self._streams:
             raise Refused("busy", f"node {self.node} sends {len(self._streams)} copies already")
+        # the slot is taken before anything else awaits: two HELLOs at once never both pass
+        stop = threading.Event()
+        slot: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._streams[job.uid] = (stop, slot)
+        try:
+            await self._send(conn, job, hello.resume, stop, ctx)
+        finally:
+            stop.set()
+            slot.set_result(None)
+            if self._streams.get(job.uid, (None,))[0] is stop:
+                del self._streams[job.uid]
+
+    async def _send(
+        self, conn: Conn, job: Job, resume: messages.Resume | None, stop: threading.Event,
+        ctx: dict[str, Any],
+    ) -> None:  # fmt: skip
         try:
             info = await self.volumes.describe(job.volume, job.device_class, with_uuid=True)
             mapped = await self.volumes.mapped(job.volume, job.device_class) if info.thin else None
@@ -208,11 +258,11 @@ class TransferServer:
         if memory is not None and memory.source_id != info.uuid:
             memory = None
         start, state, note = 0, None, ""
-        if hello.resume is not None:
-            if hello.resume.source_id != info.uuid:
+        if resume is not None:
+            if resume.source_id != info.uuid:
                 note = "the source changed since the copy began: starting over"
             else:
-                start, state, note = _checked(hello.resume, info.size, memory)
+                start, state, note = _checked(resume, info.size, memory)
         if memory is None:
             memory = JobMemory(info.uuid)
         self._memory[job.uid] = memory
@@ -232,11 +282,9 @@ class TransferServer:
         log.info(
             "transfer accepted", extra={**ctx, "offset": start, "size": info.size, "note": note}
         )
-        stop = threading.Event()
         future = asyncio.get_running_loop().run_in_executor(
             self._pool, self._stream, conn, info, mapped, accept, state, memory, stop
         )
-        self._streams[job.uid] = (stop, future)
         self.metrics.active.labels(self.node, "sender").inc()
         result = "failed"
         try:
@@ -247,8 +295,6 @@ class TransferServer:
             log.warning("transfer stream ended", extra={**ctx, "error": str(e)})
         finally:
             stop.set()
-            if self._streams.get(job.uid, (None,))[0] is stop:
-                del self._streams[job.uid]
             self.metrics.active.labels(self.node, "sender").dec()
             self.metrics.finished.labels(self.node, "sender", result).inc()
 
@@ -256,8 +302,9 @@ class TransferServer:
         self, conn: Conn, info: VolumeInfo, mapped: list[tuple[int, int]] | None,
         accept: messages.Accept, state: bytes | None, memory: JobMemory, stop: threading.Event,
     ) -> None:  # fmt: skip
-        volume = Volume(info.path, writable=False)
+        volume: Volume | None = None
         try:
+            volume = Volume(info.path, writable=False)
             start = accept.offset
             pieces = (
                 plan.mapped(info.size, mapped, start)
@@ -286,12 +333,16 @@ class TransferServer:
             # still on their way come first), or a FAIL
             while self._acknowledged(conn, memory, scratch) < info.size:
                 pass
-        except TransferError as e:
+        except (TransferError, ValueError, OSError) as e:
+            # ValueError: mappings lvmd reported out of order; OSError: the volume's device
             with contextlib.suppress(TransferError):
                 conn.send_message(messages.Fail(message=str(e)[:4000]))
-            raise
+            if isinstance(e, TransferError):
+                raise
+            raise SourceFailed(f"reading {info.path}: {e}") from e
         finally:
-            volume.close()
+            if volume is not None:
+                volume.close()
 
     @staticmethod
     def _acknowledged(conn: Conn, memory: JobMemory, scratch: memoryview) -> int:
