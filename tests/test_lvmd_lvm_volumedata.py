@@ -1,7 +1,8 @@
 """What the node-to-node copy asks of lvmd, against real LVM inside User-Mode Linux: thick
 (COW) snapshots as large as their origin, which then cannot grow or be removed under them; a
 volume's device, size and chunk (DescribeLV); a thin volume's mapped blocks from a reserved
-metadata snapshot (ThinMappings), also after a reservation was left behind."""
+metadata snapshot (ThinMappings), also after a reservation was left behind; a thin volume
+discarded reads as zeros again."""
 
 # ruff: noqa: F811  (fixtures imported from tests.lvmd_lvm_helpers are parameters here)
 
@@ -17,6 +18,7 @@ from tests.lvm_fixtures import GiB, LvmdClient, code_of, lvm
 from tests.lvmd_lvm_helpers import MiB, both, lv_report, vg_free  # noqa: F401
 from topolvm.proto import lvmd_pb2 as pb
 from topolvm.proto import volumedata_pb2 as vd
+from topolvm.transfer.blockio import Volume
 
 pytestmark = pytest.mark.uml
 
@@ -79,6 +81,15 @@ async def test_a_thin_volume_maps_only_what_was_written(both: LvmdClient) -> Non
     assert await mapped() == [(0, MiB), (10 * MiB, MiB)]
     status = _run("dmsetup", "status", tpool).split()
     assert status[6] == "-", status  # no reservation held afterwards (the held root)
+
+    # a copy's target that an earlier attempt wrote into is discarded before it starts over:
+    # its blocks are unmapped and read as zeros again
+    target = Volume("/dev/vg1/t", writable=True)
+    target.discard(64 * MiB)
+    target.close()
+    assert await mapped() == []
+    with open("/dev/vg1/t", "rb") as f:
+        assert f.read(12 * MiB) == bytes(12 * MiB)
 
 
 async def test_volume_data_refuses_what_it_cannot_describe(both: LvmdClient) -> None:
