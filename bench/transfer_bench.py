@@ -1,4 +1,4 @@
-"""``make bench``: the node-to-node copy (docs/transfer.md), as ratios measured in one run.
+"""``make bench``: the node-to-node copy (docs/mobility.md), as ratios measured in one run.
 
 Set-up, with the test bed of ``devtools/testbed/bed.py``: a private network namespace, the real
 control plane, two UML nodes with ``vg1`` (a thick class ``ssd`` and a thin pool ``pool0``) and
@@ -183,7 +183,7 @@ def report(results: dict[str, Any]) -> None:
     med = statistics.median
     thick = med(results["thick_copy_seconds"])
     print(
-        f"\n== node-to-node copy of {size / GiB:g} GiB (docs/transfer.md), medians of "
+        f"\n== node-to-node copy of {size / GiB:g} GiB (docs/mobility.md), medians of "
         f"{results['rounds']} rounds =="
     )
     thin = med(results["thin10_copy_seconds"])

@@ -1,6 +1,6 @@
 """Steps 6 and 7 of ``make demo`` (devtools/demo.py): data that leaves its node. A thin volume's
 snapshot restored for a pod on another node, and a new Vault replica seeded from a snapshot of
-another replica's audit volume that is kept on a third node (docs/transfer.md)."""
+another replica's audit volume that is kept on a third node (docs/mobility.md)."""
 
 from __future__ import annotations
 

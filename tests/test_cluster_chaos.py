@@ -1,5 +1,5 @@
 """The crash campaign: seeded runs, each one operation (create, delete, expand, snapshot,
-restore, and a restore onto a second node: a copy from the first, docs/transfer.md) with one
+restore, and a restore onto a second node: a copy from the first, docs/mobility.md) with one
 crash at a random point of it: SIGKILL of topolvm-controller, of topolvm-node, of lvmd (socket
 mode), or a power loss of the UML node itself (the first node: the copy's sender). After each
 run the operation must complete, every invariant hold on both nodes (tests/invariants.py), and
@@ -33,9 +33,10 @@ from devtools.testbed.driver import DriverStack
 from devtools.testbed.umlnode import UmlNode
 from tests.chaos_helpers import MIB, READ, WRITE, Volume, device_class, settled, with_data
 from tests.cluster_fixtures import NodeSet, record_line, unique
+from tests.faults_helpers import pinned_class
 from tests.helpers import eventually
 from tests.lvm_fixtures import THICK, THIN
-from tests.provisioning import NS, Scenario, bound, claim, storage_class
+from tests.provisioning import NS, Scenario, bound, claim
 from topolvm.k8s import api
 from topolvm.k8s.lvobject import parse_quantity
 
@@ -272,15 +273,13 @@ async def campaign(
             "deletionPolicy": "Delete",
         }
     )
-    sc = {dc: s.sc(device_class=dc, fs_type="xfs", binding="Immediate") for dc in ("ssd", "thin")}
+    # pinned to the campaign's node: with two nodes the controller could pick either
+    sc = {dc: pinned_class(s, [chaos_node], dc) for dc in ("ssd", "thin")}
     # csi-provisioner tracks capacity only for WaitForFirstConsumer classes (what the scheduler
     # reads); these are the ones whose CSIStorageCapacity the invariants check
     tracked = {s.sc(device_class=dc, fs_type="xfs"): dc for dc in ("ssd", "thin")}
-    elsewhere = storage_class(unique("sc"), "thin", "xfs", binding="Immediate")
-    elsewhere["allowedTopologies"] = [{"matchLabelExpressions": [
-        {"key": "topology.topolvm.io/node", "values": [other.name]}]}]  # fmt: skip
-    s.apply(elsewhere)
-    c = Campaign(s, chaos_node, other, driver, sc, tracked, vsc, elsewhere["metadata"]["name"])
+    elsewhere = pinned_class(s, [other], "thin")
+    c = Campaign(s, chaos_node, other, driver, sc, tracked, vsc, elsewhere)
     try:
         yield c
     finally:

@@ -46,7 +46,7 @@ SANITY_TIMEOUT = 1200  # seconds for one whole csi-sanity run
 MOUNT_DIR = "/run/csi-sanity/mount"
 STAGING_DIR = "/run/csi-sanity/staging"
 # Upstream skips the snapshot and clone cases for thick LVM (test/e2e/sanity_test.go): there
-# they need a thin pool. Here a thick snapshot or clone is a copy (docs/transfer.md), and they run.
+# they need a thin pool. Here a thick snapshot or clone is a copy (docs/mobility.md), and they run.
 
 
 @dataclass(frozen=True)

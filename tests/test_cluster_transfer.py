@@ -1,4 +1,4 @@
-"""Data that leaves its node (docs/transfer.md), end to end: pods on real kubelets write random
+"""Data that leaves its node (docs/mobility.md), end to end: pods on real kubelets write random
 bytes and a filesystem tree on node A; restores and clones on node B read them back identically,
 from thin and thick snapshots and volumes; a snapshot kept on node C by its class outlives node A
 (powered off, its Node deleted). The copies run between the nodes' topolvm-node processes over

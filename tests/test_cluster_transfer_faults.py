@@ -1,5 +1,5 @@
 """The node-to-node copy under faults, between two nodes' topolvm-node processes on real LVM
-(docs/transfer.md): the receiving topolvm-node SIGKILLed, then the sending one, and the link
+(docs/mobility.md): the receiving topolvm-node SIGKILLed, then the sending one, and the link
 between the nodes cut, each in the middle of a copy: the copy goes on from its last checkpoint
 (the bytes sent say it did not start over) and the data matches. The transfer port refuses
 what it must: no or a bad token, another ServiceAccount's, the right one on the wrong node, an

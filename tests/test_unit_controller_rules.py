@@ -201,7 +201,7 @@ def test_a_retry_on_another_node_moves_the_reservation(clock: Clock) -> None:
     assert (f.taken("n1", "ssd"), f.taken("n2", "ssd")) == (0, 10)
 
 
-# -- where restores, clones and snapshots go (docs/transfer.md) ------------------------------
+# -- where restores, clones and snapshots go (docs/mobility.md) ------------------------------
 
 KEY = "topology.topolvm.io/node"
 

@@ -1,5 +1,5 @@
 """Seeded fuzzing (hypothesis) of what reaches the transfer port and its receiver from the
-network (docs/transfer.md): frames of any shape, streams with one record dropped, repeated,
+network (docs/mobility.md): frames of any shape, streams with one record dropped, repeated,
 moved or flipped, resume requests, HELLOs, and TokenReview answers. The property is the one of
 tests/test_unit_fuzz.py: a clear, typed error or a correct result; never another exception,
 never a byte written outside the target, never a copy reported done with other data.

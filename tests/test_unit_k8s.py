@@ -144,7 +144,7 @@ def test_crds_differ_only_in_group() -> None:
     assert a["spec"]["scope"] == "Cluster" and version["subresources"] == {"status": {}}
     schema = version["schema"]["openAPIV3Schema"]["properties"]
     assert schema["spec"]["required"] == ["name", "nodeName", "size"]
-    # upstream's fields, and the copy that fills a volume from another (docs/transfer.md)
+    # upstream's fields, and the copy that fills a volume from another (docs/mobility.md)
     assert set(schema["spec"]["properties"]) == {
         "name", "nodeName", "size", "deviceClass", "lvcreateOptionClass", "source", "accessType",
         "copy",

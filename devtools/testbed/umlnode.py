@@ -343,7 +343,7 @@ class UmlNode:
             lvmd = [f"--lvmd-socket={lvmd_socket}"]
         else:
             lvmd = ["--embed-lvmd", f"--config={self._config(name, device_classes)}"]
-        # the transfer port (docs/transfer.md): reached at the guest's address, the token the
+        # the transfer port (docs/mobility.md): reached at the guest's address, the token the
         # chart would mount, and the account whose tokens it accepts
         token_file = folder / f"{name}-transfer-token"
         token_file.write_text(cp.transfer_token(self.name))

@@ -81,7 +81,7 @@ class Names:
     def webhook_ignore_label(self) -> str:
         return f"{self.plugin}/webhook"
 
-    # -- the node-to-node copy (docs/transfer.md) -----------------------------------------
+    # -- the node-to-node copy (docs/mobility.md) -----------------------------------------
 
     @property
     def claim_annotation(self) -> str:

@@ -1,5 +1,5 @@
 """Where a restore, a clone or a snapshot gets its data from, and where it lives (pure rules of
-the node-to-node copy, docs/transfer.md).
+the node-to-node copy, docs/mobility.md).
 
 - A restore or clone goes to the node kube-scheduler chose (external-provisioner's first
   preferred segment, with WaitForFirstConsumer). With Immediate binding no one chose: it stays on

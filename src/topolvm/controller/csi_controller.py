@@ -178,7 +178,7 @@ class ControllerService:
                 raise status.Unavailable(f"the source {src.name} is still being filled by a copy")
             # the node kube-scheduler chose (the source's, with Immediate binding when the
             # topology allows); on another node than the source's, a copy fills it
-            # (docs/transfer.md)
+            # (docs/mobility.md)
             node = src.node_name
             if has_reqs:
                 node = copies.restore_node(src.node_name, preferred, requisite,

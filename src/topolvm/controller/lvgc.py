@@ -10,7 +10,7 @@ A LogicalVolume is *referenced* when
   that API is not installed or cannot be read, snapshots are *unknown* and no LogicalVolume with
   ``spec.accessType: ro`` (a snapshot) is ever collected, or
 - it is the ``spec.source`` of a LogicalVolume whose node has not created it yet, or the
-  source of a copy in progress (docs/transfer.md), or
+  source of a copy in progress (docs/mobility.md), or
 - a copy is still filling it (its PersistentVolume or VolumeSnapshotContent comes after).
 
 An *orphan* is a LogicalVolume that is not being deleted, was created more than ``grace``

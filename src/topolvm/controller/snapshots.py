@@ -1,4 +1,4 @@
-"""CreateSnapshot's work: where a snapshot lives and when it is ready (docs/transfer.md).
+"""CreateSnapshot's work: where a snapshot lives and when it is ready (docs/mobility.md).
 
 A thin volume's snapshot is a thin snapshot on its node, ready at once. A thick volume's is an
 independent LV on its node, filled from a short-lived COW cut: the snapshot has its id from the

@@ -67,7 +67,7 @@ def format_quantity(size: int) -> str:
 
 
 class CopyPhase:
-    """``status.copy.phase`` of a LogicalVolume filled by a copy (docs/transfer.md)."""
+    """``status.copy.phase`` of a LogicalVolume filled by a copy (docs/mobility.md)."""
 
     PENDING = "Pending"  # not started: waiting for the source, a free slot, the sender
     COPYING = "Copying"

@@ -359,7 +359,7 @@ class LVService:
         vg = pool.vg.name
         thin = pool.thin_pool is not None
         # A thick (COW) snapshot as large as its origin can never fill up and become invalid;
-        # it is meant to live only while a copy reads it (docs/transfer.md).
+        # it is meant to live only while a copy reads it (docs/mobility.md).
         # 512 KiB chunks (LVM's largest; its default is 4 KiB): a copy reads the snapshot
         # in 1 MiB pieces, and each chunk is a lookup in dm-snapshot (4 KiB chunks made a
         # copy's reads cost 4 times the CPU in the guests of the test bed)

@@ -42,7 +42,7 @@ log = logging.getLogger("topolvm.node")
 
 @dataclass(frozen=True)
 class TransferOptions:
-    """The node-to-node copy (docs/transfer.md)."""
+    """The node-to-node copy (docs/mobility.md)."""
 
     address: tuple[str, int] | None = ("0.0.0.0", DEFAULT_TRANSFER_PORT)  # None: no port
     advertise: str = ""  # how other nodes reach the port; "" leaves it unserved

@@ -116,7 +116,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def add_transfer_flags(p: argparse.ArgumentParser) -> None:
-    """The node-to-node copy (docs/transfer.md)."""
+    """The node-to-node copy (docs/mobility.md)."""
     g = p.add_argument_group("node-to-node copy")
     g.add_argument(
         "--transfer-bind-address",

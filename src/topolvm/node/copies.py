@@ -1,4 +1,4 @@
-"""topolvm-node's receiving side of a copy (docs/transfer.md): it fills this node's
+"""topolvm-node's receiving side of a copy (docs/mobility.md): it fills this node's
 LogicalVolumes that a copy fills, from another node's transfer port or from a volume here.
 
 One job per target: it waits for a free slot (``limits.concurrency`` per node), reads the

@@ -1,4 +1,4 @@
-"""How a copy reports (docs/transfer.md): its target's ``status.copy`` (phase, bytes, rate,
+"""How a copy reports (docs/mobility.md): its target's ``status.copy`` (phase, bytes, rate,
 the checkpoint after every sync, the digest at the end), Events on the claim or VolumeSnapshot
 that waits for it, and the node's metrics."""
 

@@ -39,7 +39,7 @@ class LogicalVolumeReconciler:
         self.names = names
         self.node_name = node_name
         self.lvmd = lvmd
-        self.copies = copies  # fills volumes from a copy (docs/transfer.md); None: never
+        self.copies = copies  # fills volumes from a copy (docs/mobility.md); None: never
         self.resource = api.logicalvolume_resource(names)
         # name -> resourceVersion of this node's last write to it: a cached copy older than
         # that is out of date.

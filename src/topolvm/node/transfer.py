@@ -1,4 +1,4 @@
-"""topolvm-node's sending side of the node-to-node copy (docs/transfer.md): its transfer port,
+"""topolvm-node's sending side of the node-to-node copy (docs/mobility.md): its transfer port,
 the check of every job asked for there, and the cuts it makes for them.
 
 The port's address and its certificate's fingerprint go on this node's Node object

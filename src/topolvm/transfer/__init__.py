@@ -1,4 +1,4 @@
-"""The node-to-node copy of a logical volume (docs/transfer.md).
+"""The node-to-node copy of a logical volume (docs/mobility.md).
 
 A shared package that topolvm-node runs: the wire format and its checks (``wire``, ``digest``,
 ``messages``, ``plan``, ``sparse``) are pure and apart from I/O, as ``lvm.report`` is; the

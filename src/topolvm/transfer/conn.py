@@ -3,7 +3,7 @@
 TLS runs through memory BIOs (:class:`ssl.SSLObject`): the socket is read and written in large
 pieces, not one system call per 16 KiB TLS record as :class:`ssl.SSLSocket` does. Measured
 between two UML nodes (where a system call is dear): 147 MiB/s through SSLSocket, 266 through
-memory BIOs, 322 for plain TCP (docs/transfer.md, "Performance").
+memory BIOs, 322 for plain TCP (docs/mobility.md, "Performance").
 
 Every receive has the connection's I/O timeout: a peer that stops sending (a cut link, a
 frozen node) ends the call with :class:`ConnectionLost` rather than holding the thread.

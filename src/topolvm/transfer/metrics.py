@@ -1,4 +1,4 @@
-"""The transfer's Prometheus metrics, on topolvm-node's ``/metrics`` (docs/transfer.md)."""
+"""The transfer's Prometheus metrics, on topolvm-node's ``/metrics`` (docs/mobility.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The sender: topolvm-node's transfer port (docs/transfer.md).
+"""The sender: topolvm-node's transfer port (docs/mobility.md).
 
 A connection is TLS from its first byte. The receiver's HELLO names the job (the target
 LogicalVolume) and carries its ServiceAccount token; the node's ``authorise`` checks both

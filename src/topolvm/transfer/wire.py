@@ -1,4 +1,4 @@
-"""The transfer stream's frames (pure; docs/transfer.md has the layout).
+"""The transfer stream's frames (pure; docs/mobility.md has the layout).
 
 Every frame is a 36-byte header and a payload::
 

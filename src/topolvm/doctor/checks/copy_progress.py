@@ -1,5 +1,5 @@
 """Pending PVCs that wait on a copy (a restore or clone onto another node than its source's,
-docs/transfer.md): how far it has come, or why it waits (the source node unreachable, named;
+docs/mobility.md): how far it has come, or why it waits (the source node unreachable, named;
 no free slot), or why it failed. Read from the LogicalVolume the copy fills (``status.copy``)
 and the source's Node."""
 
