@@ -421,7 +421,7 @@ def test_csi_sidecars_are_dropped_one_at_a_time() -> None:
 
 
 def test_the_transfer_port_its_token_and_rbac_are_rendered_and_can_be_turned_off() -> None:
-    """docs/transfer.md: the node pods serve the transfer port on their IP, carry the projected
+    """docs/mobility.md: the node pods serve the transfer port on their IP, carry the projected
     token receivers show, may review tokens; the sidecars pass the claim's name on."""
     docs = render(sets=("node.transfer.bandwidthLimit=100Mi",))
     [node] = container(docs, "topolvm-node")
@@ -450,3 +450,18 @@ def test_the_transfer_port_its_token_and_rbac_are_rendered_and_can_be_turned_off
     [node] = container(off, "topolvm-node")
     assert "--transfer-bind-address=0" in (topolvm_argv(node) or [])
     assert not any(m["name"] == "transfer-token" for m in node["volumeMounts"])
+
+
+def test_the_node_account_is_confined_to_its_own_node_unless_turned_off() -> None:
+    """node.ownNodeOnly (docs/security.md): a ValidatingAdmissionPolicy, bound, that applies to
+    topolvm-node's ServiceAccount of this release (the cluster test checks what it denies)."""
+    docs = render()
+    [policy] = kinds(docs, "ValidatingAdmissionPolicy").values()
+    [binding] = kinds(docs, "ValidatingAdmissionPolicyBinding").values()
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    [ds] = [d for d in kinds(docs, "DaemonSet").values() if "node" in d["metadata"]["name"]]
+    account = ds["spec"]["template"]["spec"]["serviceAccountName"]
+    conditions = {c["name"]: c["expression"] for c in policy["spec"]["matchConditions"]}
+    assert f'"system:serviceaccount:{NS}:{account}"' in conditions["topolvm-node"]
+    assert not kinds(render(sets=("node.ownNodeOnly=false",)), "ValidatingAdmissionPolicy")

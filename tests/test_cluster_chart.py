@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -192,6 +193,7 @@ async def test_chart_pods_run_a_volume_life_cycle(
         assert int(node.lvs("vg1")[fs.volume_id]["lv_size"]) == 2 * GiB
         seen = int(s.exec(app, f"df -k /{data} | tail -1").split()[-5]) * 1024  # in the container
         assert seen > GiB + GiB // 2
+        own_node_only(cp, release, node.name, (await bound(client, data))["spec"]["volumeName"])
 
         # a thin volume, a snapshot through the chart's csi-snapshotter, a restore read back
         thin, writer, vsc, snap = unique("thin"), unique("app"), unique("vsc"), unique("snap")
@@ -266,6 +268,36 @@ async def test_chart_pods_run_a_volume_life_cycle(
     logs.update({k: v for k, v in release.logs().items() if v})  # the doomed node's: unreadable
     no_forbidden(logs)
     healthy(release)
+
+
+def own_node_only(cp: ControlPlane, release: Release, node: str, lv: str) -> None:
+    """node.ownNodeOnly: with a token of topolvm-node's ServiceAccount bound to its pod on
+    ``node`` (as its own), it may annotate its own Node, but not another Node, and may not
+    change a spec of a LogicalVolume of its node (say, point a copy at another node's volume)."""
+    [mine] = [p for p in release.pods() if p["spec"].get("nodeName") == node
+              and p["metadata"]["labels"].get("app.kubernetes.io/component") == "node"]  # fmt: skip
+    token = cp.kubectl(
+        "create", "token", mine["spec"]["serviceAccountName"], "-n", release.namespace,
+        "--bound-object-kind=Pod", f"--bound-object-name={mine['metadata']['name']}",
+        f"--bound-object-uid={mine['metadata']['uid']}",
+    ).strip()  # fmt: skip
+    config = cp.write_kubeconfig(cp.workdir / f"node-account-{node}", cp.server, token)
+
+    def as_node(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(cp.bins["kubectl"]), f"--kubeconfig={config}", *args],
+                              capture_output=True, text=True, check=False, timeout=60)  # fmt: skip
+
+    other = next(n for n in json.loads(cp.kubectl("get", "nodes", "-o", "json"))["items"]
+                 if n["metadata"]["name"] != node)["metadata"]["name"]  # fmt: skip
+    denied = as_node("annotate", "node", other, "topolvm.io/transfer-endpoint=10.0.0.1:9850",
+                     "--overwrite")  # fmt: skip
+    assert denied.returncode != 0 and f"may change its own Node only, not {other}" in denied.stderr
+    allowed = as_node("annotate", "node", node, "example.com/own-node-only=1")
+    assert allowed.returncode == 0, allowed.stderr
+    as_node("annotate", "node", node, "example.com/own-node-only-")
+    spec = json.dumps({"spec": {"copy": {"source": "another-nodes-volume"}}})
+    denied = as_node("patch", f"logicalvolumes.{NORMAL.group}", lv, "--type=merge", "-p", spec)
+    assert denied.returncode != 0 and "status and metadata of its own node" in denied.stderr
 
 
 def webhook_configurations(cp: ControlPlane, release: Release) -> list[Obj]:

@@ -15,6 +15,7 @@ from lightkube import ApiError
 from lightkube.models.meta_v1 import Status
 
 from topolvm.constants import LEGACY, NORMAL, names
+from topolvm.k8s import api
 from topolvm.k8s import errors as kube
 from topolvm.k8s.crd import crd_files, logicalvolume_crd
 from topolvm.k8s.lvobject import (
@@ -361,3 +362,28 @@ async def test_a_translated_watch_raises_typed_errors_and_closes_its_stream() ->
     assert await anext(stream) == 1
     await stream.aclose()  # the caller stops early: the watch is closed too
     assert closed == [True]
+
+
+async def test_transient_api_errors_are_waited_out_and_others_raised() -> None:
+    """What a daemon's indispensable start-up write does (topolvm-node publishing its transfer
+    endpoint): a 500, a 429 or a lost connection is tried again; a 403 is the answer."""
+    failures: list[Exception] = [
+        kube.ServerError(500, "InternalError", "injected"),
+        kube.TooManyRequests(429, "TooManyRequests", "slow down"),
+        kube.Unreachable("cannot reach the Kubernetes API: connection reset"),
+    ]
+    seen: list[str] = []
+
+    async def write() -> str:
+        if failures:
+            raise failures.pop(0)
+        return "written"
+
+    got = await api.retry_transient(write, "a write", first=0.001, most=0.002, on_retry=seen.append)
+    assert got == "written" and len(seen) == 3 and "500 InternalError" in seen[0]
+
+    async def forbidden() -> str:
+        raise kube.Forbidden(403, "Forbidden", "nodes is forbidden")
+
+    with pytest.raises(kube.Forbidden):
+        await api.retry_transient(forbidden, "a write", first=0.001)

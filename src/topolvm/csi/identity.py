@@ -12,7 +12,7 @@ from lightkube import AsyncClient
 from lightkube.resources.storage_v1 import CSIDriver
 
 from topolvm.constants import Names
-from topolvm.k8s import api, errors
+from topolvm.k8s import api
 from topolvm.proto import csi_pb2 as csi
 from topolvm.rpc.transport import Context
 from topolvm.version import version
@@ -73,18 +73,12 @@ class ReadinessChecker:
 
     async def _until_not_transient(self, check: Check) -> None:
         self._last_transient = ""
-        delay = RETRY_FIRST
-        while True:
-            try:
-                await check()
-                return
-            except Exception as e:
-                if not errors.is_transient(e):
-                    raise
-                self._last_transient = errors.describe(e)
-                log.info(f"readiness check: {self._last_transient}; retrying in {delay}s")
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, RETRY_MAX)
+
+        def noted(text: str) -> None:
+            self._last_transient = text
+
+        await api.retry_transient(check, "readiness check", first=RETRY_FIRST, most=RETRY_MAX,
+                                  on_retry=noted)  # fmt: skip
 
     def status(self) -> tuple[bool, str]:
         """(ready, why), as ``Probe`` answers: the latest round's error, not ready before the

@@ -11,7 +11,7 @@ import asyncio
 import copy
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx2
 from lightkube import AsyncClient, KubeConfig
@@ -26,6 +26,8 @@ from topolvm.k8s.errors import (
     Conflict,
     NotFound,
     ProxyError,
+    describe,
+    is_transient,
     translated,
 )
 
@@ -36,6 +38,7 @@ Obj = dict[str, Any]
 # narrow to express "any resource", so helpers take them as Any.
 Resource = Any
 CONFLICT_ATTEMPTS = 10
+T = TypeVar("T")
 
 
 def make_client(
@@ -203,6 +206,33 @@ async def modify(
     return await _read_modify_write(
         client, res, name, mutate, replace, attempts=attempts, known=known
     )
+
+
+async def retry_transient(
+    call: Callable[[], Awaitable[T]],
+    what: str,
+    *,
+    first: float = 0.2,
+    most: float = 5.0,
+    on_retry: Callable[[str], None] | None = None,
+) -> T:
+    """``call()`` until it returns. A transient error (:func:`errors.is_transient`: the API
+    server unreachable, a conflict, throttling, a 5xx) is logged as ``what`` and tried again
+    after ``first`` seconds, doubling up to ``most``; any other error is raised. For the writes
+    a daemon cannot start or go on without, where giving up would only restart it."""
+    delay = first
+    while True:
+        try:
+            return await call()
+        except Exception as e:
+            if not is_transient(e):
+                raise
+            text = describe(e)
+            if on_retry is not None:
+                on_retry(text)
+            log.info(f"{what}: {text}; retrying in {delay}s")
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, most)
 
 
 async def patch_merge(client: AsyncClient, res: Resource, name: str, patch: Obj, **kw: Any) -> Obj:

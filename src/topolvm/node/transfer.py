@@ -61,7 +61,12 @@ class TransferService:
             endpoint = f"[{advertise}]:{self.server.port}"
         ann = {self.names.transfer_endpoint_annotation: endpoint,
                self.names.transfer_cert_annotation: self.server.fingerprint}  # fmt: skip
-        await api.patch_merge(self.client, Node, self.node, {"metadata": {"annotations": ann}})
+        patch = {"metadata": {"annotations": ann}}
+        # transient API trouble at start-up is waited out, not a reason to fail the daemon
+        what = f"publishing the transfer endpoint on Node {self.node}"
+        await api.retry_transient(
+            lambda: api.patch_merge(self.client, Node, self.node, patch), what
+        )
         log.info("transfer port serving", extra={"endpoint": endpoint, "node": self.node})
 
     async def stop(self) -> None:
