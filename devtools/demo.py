@@ -13,8 +13,8 @@
    replaced by the StatefulSet finds its data; a volume is resized online (``df`` in the
    container);
 6.-7. a thin volume's snapshot is restored for a pod on another node, copied there by
-   topolvm-node; a new vault-2 is seeded from a snapshot of vault-0's audit volume that is kept
-   on a third node (devtools/demo_data.py);
+   topolvm-node; vault-2's thick audit volume is snapshotted onto another node, deleted, and
+   restored from there for a new vault-2 (devtools/demo_data.py);
 8.-9. the cluster's view, then everything is removed and stopped.
 
 Nothing outlives the process: its network namespace (and the TAP links in it) ends with it, and
@@ -254,7 +254,7 @@ class Demo(VolumeSteps):
             self.resize()
         with step("Snapshot a thin volume, restore it on another node"):
             self.snapshot()
-        with step("A new vault-2 seeded from vault-0's audit snapshot, kept on another node"):
+        with step("vault-2's audit volume: a snapshot kept on another node, restored from there"):
             self.seed()
         with step("kubectl get pvc,pv,logicalvolumes,csistoragecapacities,pods -A"):
             self.view()

@@ -1,6 +1,6 @@
 """Steps 6 and 7 of ``make demo`` (devtools/demo.py): data that leaves its node. A thin volume's
-snapshot restored for a pod on another node, and a new Vault replica seeded from a snapshot of
-another replica's audit volume that is kept on a third node (docs/mobility.md)."""
+snapshot restored for a pod on another node, and a Vault replica's thick audit volume
+snapshotted onto another node, deleted, and restored from there (docs/mobility.md)."""
 
 from __future__ import annotations
 
@@ -101,11 +101,27 @@ class VolumeSteps(DemoBed):
     # --- 7 ------------------------------------------------------------------------------
 
     def seed(self) -> None:
-        cp, src = self.kube, self.placement["vault-0"]
-        before = in_pod(cp, "vault-0", f"sync; cat {AUDIT_LOG}").strip()
+        """vault-2's audit volume snapshotted onto another node, its claims deleted, and a new
+        vault-2 whose audit volume is restored from that snapshot reads the log back. vault-2
+        is stopped and its data claim deleted first: a thick volume is read through a COW cut
+        as large as itself, which needs that much free space on its node (docs/mobility.md),
+        and the demo's VG sizes leave no node holding replicas that much room."""
+        cp, src = self.kube, self.placement["vault-2"]
+        before = in_pod(cp, "vault-2", f"sync; cat {AUDIT_LOG}").strip()
+        old = {c: cp.kubectl("get", "pvc", c, "-n", NS, "-o", "jsonpath={.spec.volumeName}")
+               for c in ("data-vault-2", "audit-vault-2")}  # fmt: skip
+        say(f"  vault-2 stops (scale to 2) and its data claim goes, which frees room on {src} "
+            "for the copy's point-in-time cut of its audit volume")  # fmt: skip
+        kubectl(cp, "scale", "statefulset", "vault", "--replicas=2")
+        until("pod vault-2 gone", lambda: not get_json(cp, "pod", "vault-2", "-n", NS), 120,
+              lambda: claim_state(cp))  # fmt: skip
+        kubectl(cp, "delete", "pvc", "data-vault-2")
+        until("data-vault-2's volume removed (its PV gone)",
+              lambda: not get_json(cp, "pv", old["data-vault-2"]), 180,
+              lambda: claim_state(cp) + "\n" + self.logs())  # fmt: skip
         say("  a VolumeSnapshotClass that keeps a snapshot on another node than its source's, "
-            "and a snapshot of vault-0's thick audit volume:")  # fmt: skip
-        objs = snapshot_objects("topolvm-offnode", "audit-snap", "audit-vault-0",
+            "and a snapshot of vault-2's thick audit volume:")  # fmt: skip
+        objs = snapshot_objects("topolvm-offnode", "audit-snap", "audit-vault-2",
                                 {"topolvm.io/snapshot-placement": "other-node"})  # fmt: skip
         for i, obj in enumerate(objs):
             if i:
@@ -125,17 +141,11 @@ class VolumeSteps(DemoBed):
         say(f"  the snapshot is an LV of its own on {kept}, filled from a short-lived COW cut "
             f"on {src}: it outlives {src}")  # fmt: skip
         self.lvs(kept)
-        in_pod(cp, "vault-0", f"echo 'written after the snapshot' >> {AUDIT_LOG}; sync")
-        say("  vault-2 starts over from vault-0's audit log: scale to 2, delete vault-2's claims, "
-            "write audit-vault-2 from the snapshot, scale to 3")  # fmt: skip
-        old = {c: cp.kubectl("get", "pvc", c, "-n", NS, "-o", "jsonpath={.spec.volumeName}")
-               for c in ("data-vault-2", "audit-vault-2")}  # fmt: skip
-        kubectl(cp, "scale", "statefulset", "vault", "--replicas=2")
-        until("pod vault-2 gone", lambda: not get_json(cp, "pod", "vault-2", "-n", NS), 120,
-              lambda: claim_state(cp))  # fmt: skip
-        kubectl(cp, "delete", "pvc", *old)
-        until("vault-2's volumes removed (their PVs gone)",
-              lambda: not any(get_json(cp, "pv", pv) for pv in old.values()), 180,
+        say("  audit-vault-2 deleted, then written again from the snapshot; vault-2 comes back "
+            "(scale to 3) and reads its audit log")  # fmt: skip
+        kubectl(cp, "delete", "pvc", "audit-vault-2")
+        until("audit-vault-2's volume removed (its PV gone)",
+              lambda: not get_json(cp, "pv", old["audit-vault-2"]), 180,
               lambda: claim_state(cp) + "\n" + self.logs())  # fmt: skip
         seeded = claim("audit-vault-2", "5Gi", source="audit-snap", storage_class=SC)
         show_yaml(seeded)
@@ -146,8 +156,8 @@ class VolumeSteps(DemoBed):
         self.show_copy("audit-vault-2")
         log = in_pod(cp, "vault-2", f"cat {AUDIT_LOG}").strip()
         last = log.splitlines()[-1]
-        if (not log.startswith(before) or "after the snapshot" in log
-                or "vault-2 (uid" not in last or f"started on {node}" not in last):  # fmt: skip
-            raise DemoError(f"vault-2's audit log reads {log!r}; vault-0's was {before!r}")
-        say(f"  vault-2 on {node} reads vault-0's audit log as it was at the snapshot (copied "
-            f"from {kept}), then its own start")  # fmt: skip
+        if (not log.startswith(before) or "vault-2 (uid" not in last
+                or f"started on {node}" not in last or log == before):  # fmt: skip
+            raise DemoError(f"vault-2's audit log reads {log!r}; before the snapshot {before!r}")
+        say(f"  vault-2 on {node} reads its audit log as it was at the snapshot (copied from "
+            f"{kept}), then its new start")  # fmt: skip
