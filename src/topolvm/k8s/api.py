@@ -219,8 +219,9 @@ async def retry_transient(
     """``call()`` until it returns. A transient error (:func:`errors.is_transient`: the API
     server unreachable, a conflict, throttling, a 5xx) is logged as ``what`` and tried again
     after ``first`` seconds, doubling up to ``most``; any other error is raised. For the writes
-    a daemon cannot start or go on without, where giving up would only restart it."""
-    delay = first
+    a daemon cannot start or go on without, where giving up would only restart it. The first
+    retries are logged as info, from the fourth on as warnings: trouble that lasts is seen."""
+    delay, tries = first, 0
     while True:
         try:
             return await call()
@@ -230,7 +231,9 @@ async def retry_transient(
             text = describe(e)
             if on_retry is not None:
                 on_retry(text)
-            log.info(f"{what}: {text}; retrying in {delay}s")
+            tries += 1
+            level = logging.INFO if tries <= 3 else logging.WARNING
+            log.log(level, f"{what}: {text}; retrying in {delay}s", extra={"attempt": tries})
         await asyncio.sleep(delay)
         delay = min(delay * 2, most)
 

@@ -176,8 +176,9 @@ class TopolvmNode:
 
     async def _transfer_port(self, t: TransferOptions) -> None:
         assert t.address is not None
-        await self.transfer.start(*t.address, t.advertise)
+        # before it starts: a stop while it waits out the API server still closes the port
         self.parts.on_stop("transfer port", self.transfer.stop)
+        await self.transfer.start(*t.address, t.advertise)
         while True:  # cuts whose job ended while this node was down
             await asyncio.sleep(t.sweep_interval)
             classes = {lv.device_class for lv in self.volumes.on_node(self.options.node_name)}
