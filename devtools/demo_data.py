@@ -34,6 +34,14 @@ LVS = ("lvs", "-o", "lv_name,lv_size,lv_attr,pool_lv,origin,data_percent", "vg1"
 AUDIT_LOG = "/vault/audit/audit.log"
 
 
+def show_documents(objs: list[dict[str, Any]]) -> None:
+    """Objects as one YAML file of several documents, as ``kubectl apply -f`` reads it."""
+    for i, obj in enumerate(objs):
+        if i:
+            say("    ---")
+        show_yaml(obj)
+
+
 @dataclass
 class VolumeSteps(DemoBed):
     """What the steps that handle pods and volumes share, and steps 6 and 7."""
@@ -74,10 +82,7 @@ class VolumeSteps(DemoBed):
         in_pod(cp, "notes-writer", "cat /notes/notes.txt")
         objs = snapshot_objects("topolvm-snapshots", "notes-snap", "notes")
         say("  $ kubectl apply -f snapshot.yaml")
-        for i, obj in enumerate(objs):
-            if i:
-                say("    ---")
-            show_yaml(obj)
+        show_documents(objs)
         cp.apply(*objs)
         until("VolumeSnapshot notes-snap readyToUse", lambda: snapshot_ready(cp, "notes-snap"),
               180, self.logs)  # fmt: skip
@@ -123,10 +128,7 @@ class VolumeSteps(DemoBed):
             "and a snapshot of vault-2's thick audit volume:")  # fmt: skip
         objs = snapshot_objects("topolvm-offnode", "audit-snap", "audit-vault-2",
                                 {"topolvm.io/snapshot-placement": "other-node"})  # fmt: skip
-        for i, obj in enumerate(objs):
-            if i:
-                say("    ---")
-            show_yaml(obj)
+        show_documents(objs)
         cp.apply(*objs)
         until("VolumeSnapshot audit-snap readyToUse (5Gi copied to another node)",
               lambda: snapshot_ready(cp, "audit-snap"), 300,
