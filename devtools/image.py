@@ -106,6 +106,7 @@ propcache==0.5.4
 protobuf==7.36.2
 pycparser==3.12
 pyyaml==6.0.3
+tqdm==4.70.1
 truststore==0.10.5
 typing-extensions==4.16.0
 xxhash==4.1.0

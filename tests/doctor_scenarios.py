@@ -38,6 +38,8 @@ def snapshot(*objs: tuple[str, Obj]) -> Snapshot:
         "endpointslices",
         "logicalvolumes",
         "legacy-logicalvolumes",
+        "volumemoves",
+        "legacy-volumemoves",
         "events",
         "secrets",
         "served-certificates",
@@ -294,3 +296,35 @@ def intermediate(root_crt: bytes, root_key: bytes) -> tuple[bytes, bytes]:
     key_pem = key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())  # fmt: skip
     return cert.public_bytes(pem), key_pem
+
+
+def volume_move(
+    claim: str,
+    phase: str,
+    message: str = "",
+    ns: str = "app",
+    kind: str = "volumemoves",
+    **status: Any,
+) -> tuple[str, Obj]:
+    """A VolumeMove of ``claim`` from w1 to w2 at ``phase``; ``status`` adds or overrides
+    fields (camelCase, as the API has them)."""
+    st: Obj = {
+        "phase": phase,
+        "message": message,
+        "sourceNode": "w1",
+        "targetNode": "w2",
+        "sourceVolume": f"pvc-{claim}-old",
+        "targetVolume": f"pvc-{claim}-new",
+        "pod": f"{claim}-pod",
+        "owner": "StatefulSet/vault",
+        **status,
+    }
+    return (
+        kind,
+        {
+            "metadata": {"name": claim, "namespace": ns, "uid": f"move-{claim}",
+                         "creationTimestamp": OLD},
+            "spec": {"claim": claim},
+            "status": st,
+        },
+    )  # fmt: skip

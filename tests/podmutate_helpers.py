@@ -14,8 +14,12 @@ Obj = dict[str, Any]
 class Reader:
     """PVCs and StorageClasses from dicts; records reads; ``fail`` makes a kind of read fail."""
 
-    def __init__(self, pvcs: dict[str, Obj] | None = None, fail: str = "") -> None:
+    def __init__(
+        self, pvcs: dict[str, Obj] | None = None, fail: str = "",
+        moves: dict[str, Obj] | None = None,
+    ) -> None:  # fmt: skip
         self.pvcs = pvcs or {}
+        self.moves = moves or {}  # "namespace/claim" -> VolumeMove
         self.classes: dict[str, Obj] = {
             "ssd": sc("topolvm.io", "ssd"),
             "plain": sc("topolvm.io", None),
@@ -36,6 +40,11 @@ class Reader:
         if self.fail == "sc":
             raise RuntimeError("503 ServiceUnavailable: etcd is down")
         return self.classes.get(name)
+
+    async def get_volumemove(self, namespace: str, name: str) -> Obj | None:
+        if self.fail == "move":
+            raise RuntimeError("503 ServiceUnavailable: etcd is down")
+        return self.moves.get(f"{namespace}/{name}")
 
 
 def sc(provisioner: str, device_class: str | None) -> Obj:

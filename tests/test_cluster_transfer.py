@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Pod
 
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import DriverStack
@@ -21,7 +22,8 @@ from tests.cluster_fixtures import unique
 from tests.doctor_helpers import about, doctor
 from tests.helpers import eventually
 from tests.lvm_fixtures import THICK, THIN
-from tests.provisioning import GiB, Scenario, claim, events_for, pvc, shared_nodes
+from tests.move_helpers import delete_move, move_done, move_webhook, start_move, writer_set
+from tests.provisioning import NS, GiB, Scenario, claim, events_for, pvc, shared_nodes
 from tests.transfer_helpers import (
     MiB,
     from_snapshot,
@@ -34,7 +36,9 @@ from tests.transfer_helpers import (
     snapshot_class,
     write_data,
 )
+from topolvm.k8s import api
 from topolvm.k8s.lvobject import CopyPhase
+from topolvm.k8s.moveobject import MovePhase
 
 pytestmark = pytest.mark.cluster
 
@@ -262,3 +266,52 @@ async def test_a_snapshot_kept_on_another_node_outlives_its_node(abc: Scenario) 
     assert read_sums(s, reader, restored).replace(restored, src) == sums
     target = await logical_volume_of(s, published.volume_id)
     assert target.copy is not None and target.copy.source_node == c.name
+
+
+async def test_a_statefulset_claim_moves_to_another_node_losing_no_write(abc: Scenario) -> None:
+    """The pod writes a numbered, synced log without pause through the pre-copy; on the target
+    the log holds every line written up to the pod's stop (its last line "stop N" too), a
+    file written before the move is intact, and the old volume is gone."""
+    s = abc
+    thin = s.sc(device_class="thin", fs_type="xfs")
+    name = unique("mv")
+    pod_name, claim_name = f"{name}-0", f"data-{name}-0"
+    s.claims.append(claim_name)
+    async with move_webhook(s.cp, s.client):
+        s.cp.apply(writer_set(name, thin))
+        try:
+            await s.running(pod_name)
+            first = await api.get(s.client, Pod, pod_name, namespace=NS)
+            assert first is not None
+            source = first["spec"]["nodeName"]
+            target = next(n.name for n in s.nodes if n.name != source)
+            blob = s.exec(pod_name, "head -c 48m /dev/urandom > /data/blob; sync; "
+                          "sha256sum /data/blob")  # fmt: skip
+            written = int(s.exec(pod_name, "wc -l < /data/log"))
+            await start_move(s.client, claim_name, target)
+            vm = await move_done(s.client, claim_name)
+            assert vm.status.phase == MovePhase.SUCCEEDED, vm.status
+            assert vm.status.source_node == source and vm.status.target_node == target
+            await s.running(pod_name)
+            moved = await api.get(s.client, Pod, pod_name, namespace=NS)
+            assert moved is not None and moved["spec"]["nodeName"] == target
+            lines = s.exec(pod_name, "cat /data/log").split("\n")
+            stop = next(i for i, line in enumerate(lines) if line.startswith("stop "))
+            assert lines[:stop] == [str(i) for i in range(stop)], "a write was lost"
+            assert lines[stop] == f"stop {stop}" and stop > written
+            assert s.exec(pod_name, "sha256sum /data/blob") == blob
+            # the final copy sent what changed since the pre-copy, not the volume again
+            assert 0 < vm.status.delta_bytes < vm.status.precopy_bytes
+            assert vm.status.downtime_seconds > 0
+            res = api.logicalvolume_resource(s.names)
+            await eventually(
+                "the old LogicalVolume gone",
+                lambda: _gone(s, res, vm.status.source_volume),
+            )
+        finally:
+            s.cp.kubectl("delete", "statefulset", name, "-n", NS, "--wait=true", check=False)
+            await delete_move(s.client, claim_name)
+
+
+async def _gone(s: Scenario, res: Any, name: str) -> bool:
+    return await api.get(s.client, res, name) is None

@@ -2,7 +2,8 @@
 (COW) snapshots as large as their origin, which then cannot grow or be removed under them; a
 volume's device, size and chunk (DescribeLV); a thin volume's mapped blocks from a reserved
 metadata snapshot (ThinMappings), also after a reservation was left behind; a thin volume
-discarded reads as zeros again."""
+discarded reads as zeros again; where a thin snapshot maps other blocks than an older one
+(ThinDelta): exactly the chunks written between them."""
 
 # ruff: noqa: F811  (fixtures imported from tests.lvmd_lvm_helpers are parameters here)
 
@@ -90,6 +91,45 @@ async def test_a_thin_volume_maps_only_what_was_written(both: LvmdClient) -> Non
     assert await mapped() == []
     with open("/dev/vg1/t", "rb") as f:
         assert f.read(12 * MiB) == bytes(12 * MiB)
+
+
+async def test_a_thin_delta_covers_exactly_the_chunks_written_between_two_snapshots(
+    both: LvmdClient,
+) -> None:
+    await both.lv.CreateLV(pb.CreateLVRequest(name="t", device_class="thin", size_bytes=64 * MiB))
+    chunk = int(_lv_fields("vg1/pool0", "chunk_size")["chunk_size"])
+    _dd("/dev/vg1/t", 0, 16)  # data the first copy took (snapshot A)
+    await both.lv.CreateLVSnapshot(pb.CreateLVSnapshotRequest(
+        name="t-a", device_class="thin", source_volume="t", access_type="ro"))  # fmt: skip
+    written = [(2 * MiB, MiB), (10 * MiB + 3 * chunk, 2 * chunk), (40 * MiB, MiB)]
+    for offset, length in written:  # over A's data, and where A had none
+        _dd("/dev/vg1/t", offset // chunk, length // chunk, bs=chunk)
+    await both.lv.CreateLVSnapshot(pb.CreateLVSnapshotRequest(
+        name="t-b", device_class="thin", source_volume="t", access_type="ro"))  # fmt: skip
+
+    async def delta(name: str, base: str, dc: str = "thin") -> list[tuple[int, int]]:
+        req = vd.ThinDeltaRequest(name=name, base=base, device_class=dc)
+        return [(o, n) for m in await _all(both.data.ThinDelta(req))
+                for o, n in zip(m.offsets, m.lengths, strict=True)]  # fmt: skip
+
+    assert await delta("t-b", "t-a") == written
+    assert await delta("t-a", "t-b") == written  # the same blocks differ either way
+    assert await delta("t", "t-b") == []  # nothing written since B
+    status = _run("dmsetup", "status", "vg1-pool0-tpool").split()
+    assert status[6] == "-", status  # the one reservation was released
+
+    code, _ = await code_of(delta("t-b", "nope"))
+    assert code == grpc.StatusCode.NOT_FOUND
+    code, _ = await code_of(delta("t-b", "--all"))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    await both.lv.CreateLV(pb.CreateLVRequest(name="k", size_bytes=64 * MiB))
+    code, _ = await code_of(delta("k", "t-a", dc=""))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def _dd(device: str, seek: int, count: int, bs: int = MiB) -> None:
+    _run("dd", "if=/dev/urandom", f"of={device}", f"bs={bs}", f"seek={seek}", f"count={count}",
+         "oflag=direct")  # fmt: skip
 
 
 async def test_volume_data_refuses_what_it_cannot_describe(both: LvmdClient) -> None:

@@ -56,6 +56,11 @@ class FakeVolumes:
     async def mapped(self, name: str, device_class: str) -> list[tuple[int, int]] | None:
         return self.volumes[name][1]
 
+    async def changed(
+        self, name: str, base: str, device_class: str
+    ) -> list[tuple[int, int]] | None:
+        return None
+
 
 def _job() -> Job:
     return Job(UID, "pvc-target", "node-b", "src", "ssd", "snapshot-1")

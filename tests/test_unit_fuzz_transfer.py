@@ -224,6 +224,11 @@ class _Volumes:
     async def mapped(self, name: str, device_class: str) -> list[tuple[int, int]] | None:
         return None
 
+    async def changed(
+        self, name: str, base: str, device_class: str
+    ) -> list[tuple[int, int]] | None:
+        return None
+
 
 async def test_the_sender_survives_any_hello_and_still_serves(tmp_path: Path) -> None:
     src = tmp_path / "src"

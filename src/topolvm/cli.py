@@ -13,6 +13,7 @@ from topolvm.controller import cli as controller_cli
 from topolvm.doctor import cli as doctor_cli
 from topolvm.lvmd import cli as lvmd_cli
 from topolvm.node import cli as node_cli
+from topolvm.ops import drain_cli, move_cli
 from topolvm.scheduler import cli as scheduler_cli
 from topolvm.version import version
 
@@ -27,9 +28,10 @@ _ARGV0_COMMANDS = {
 KUBECTL_PLUGIN = "kubectl-topolvm"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "topolvm") -> argparse.ArgumentParser:
+    """``prog``: the name the subcommands' usage shows (``kubectl topolvm`` as a plugin)."""
     parser = argparse.ArgumentParser(
-        prog="topolvm", description="TopoLVM: node-local LVM volumes for Kubernetes"
+        prog=prog, description="TopoLVM: node-local LVM volumes for Kubernetes"
     )
     parser.add_argument(
         "--log-level",
@@ -48,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     node_cli.add_parser(sub)
     controller_cli.add_parser(sub)
     doctor_cli.add_parser(sub)
+    move_cli.add_parser(sub)
+    drain_cli.add_parser(sub)
     return parser
 
 
@@ -56,9 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = os.path.basename(sys.argv[0]) if argv is None else "topolvm"
     if name in _ARGV0_COMMANDS:
         args_in.insert(0, _ARGV0_COMMANDS[name])
-    parser = build_parser()
-    if name == KUBECTL_PLUGIN:
-        parser.prog = "kubectl topolvm"
+    parser = build_parser("kubectl topolvm" if name == KUBECTL_PLUGIN else "topolvm")
     args = parser.parse_args(args_in)
     logs.setup(args.log_level, args.log_format)
     try:

@@ -8,7 +8,7 @@ import asyncio
 from lightkube import AsyncClient
 
 from topolvm.constants import Names
-from topolvm.controller import lvgc, nodecleanup, pvcresize
+from topolvm.controller import lvgc, moves, nodecleanup, pvcresize
 from topolvm.controller.lvgc import LogicalVolumeGC
 from topolvm.controller.metrics import ControllerMetrics
 from topolvm.controller.nodecleanup import NodeCleanupReconciler
@@ -47,7 +47,7 @@ async def start_webhook(
             )  # fmt: skip
             await certs.setup()
         runner = await start_webhook_server(
-            *o.webhook_address, certs.ssl_context, ApiPodReader(client), names,
+            *o.webhook_address, certs.ssl_context, ApiPodReader(client, names), names,
             o.pod_webhook_marker, metrics,
         )  # fmt: skip
     except (WebhookCertError, WebhookServerError) as e:
@@ -91,3 +91,7 @@ async def run_reconcilers(
             ).run(),
             name=lvgc.CONTROLLER_NAME,
         )  # fmt: skip
+        tg.create_task(
+            moves.MoveReconciler(client, names, store, metrics, resync=o.resync).run(),
+            name=moves.CONTROLLER_NAME,
+        )

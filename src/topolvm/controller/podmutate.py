@@ -6,8 +6,13 @@ marker mode (upstream's behaviour) the first container also gets the extended re
 ``<plugin>/capacity: 1`` in its requests and limits, so that a kube-scheduler whose extender
 manages that resource calls topolvm-scheduler for the pod.
 
-Reads (PersistentVolumeClaims, StorageClasses) go through a :class:`PodReader` that the caller
-supplies; the webhook's reader reads the API server.
+While a claim of the pod is being moved to another node (a VolumeMove in a step where its pod
+must not run: docs/mobility.md, "Move"), the pod also gets the scheduling gate
+``<plugin>/move``: the pod its controller re-creates waits, not started on the old node, until
+topolvm-controller lets it go onto the new one.
+
+Reads (PersistentVolumeClaims, StorageClasses, VolumeMoves) go through a :class:`PodReader`
+that the caller supplies; the webhook's reader reads the API server.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import jsonpatch
 from topolvm.capacity_annotations import class_key, encode_pod
 from topolvm.constants import DEFAULT_SIZE, Names
 from topolvm.k8s.lvobject import InvalidQuantity, parse_quantity
+from topolvm.k8s.moveobject import MovePhase
+from topolvm.move.claims import gate_name
 
 Obj = dict[str, Any]
 DecisionKind = Literal["mutated", "allowed", "denied", "errored"]
@@ -34,6 +41,11 @@ class PodReader(Protocol):
     async def get_pvc(self, namespace: str, name: str) -> Obj | None: ...
 
     async def get_storageclass(self, name: str) -> Obj | None: ...
+
+    async def get_volumemove(self, namespace: str, name: str) -> Obj | None: ...
+
+
+HOLDING_PHASES = frozenset({MovePhase.STOPPING, MovePhase.FINAL_COPY, MovePhase.SWAPPING})
 
 
 @dataclass(frozen=True)
@@ -190,6 +202,32 @@ def _volumes(pod: Obj) -> list[Mapping[str, Any]]:
     return [v for v in volumes or [] if isinstance(v, Mapping)]
 
 
+async def moving_claim(pod: Obj, request_namespace: str, reader: PodReader) -> str | None:
+    """The pod's claim that a move holds (its pod must wait), if any."""
+    namespace = str(_map(pod.get("metadata")).get("namespace") or request_namespace)
+    for volume in _volumes(pod):
+        claim = _map(volume.get("persistentVolumeClaim")).get("claimName")
+        if not isinstance(claim, str) or not claim:
+            continue
+        try:
+            move = await reader.get_volumemove(namespace, claim)
+        except Exception as e:
+            raise _ReadFailed(f"cannot get VolumeMove {namespace}/{claim}: {e}") from e
+        if move is not None and _map(move.get("status")).get("phase") in HOLDING_PHASES:
+            return claim
+    return None
+
+
+def gated_pod(pod: Obj, gate: str) -> Obj:
+    out = copy.deepcopy(pod)
+    gates = out["spec"].get("schedulingGates")
+    if not isinstance(gates, list):
+        gates = out["spec"]["schedulingGates"] = []
+    if not any(isinstance(g, dict) and g.get("name") == gate for g in gates):
+        gates.append({"name": gate})
+    return out
+
+
 def mutated_pod(pod: Obj, requested: Mapping[str, int], names: Names, *, marker: bool) -> Obj:
     """A copy of ``pod`` with the capacity annotations (and, with ``marker``, the marker
     resource on the first container)."""
@@ -230,18 +268,27 @@ async def decide(
         if not _volumes(pod):
             return allowed("no volumes")
         requested = await requested_capacity(pod, request_namespace, reader, names)
+        moving = await moving_claim(pod, request_namespace, reader)
     except _BadPod as e:
         return errored(400, str(e))
     except _ReadFailed as e:
         return errored(500, str(e))
-    if not requested:
+    if not requested and moving is None:
         return allowed("no request for TopoLVM")
-    patch = json_patch(pod, mutated_pod(pod, requested, names, marker=marker))
-    summary = ", ".join(f"{key}={size}" for key, size in sorted(requested.items()))
+    changed = pod
+    said = []
+    if requested:
+        changed = mutated_pod(pod, requested, names, marker=marker)
+        summary = ", ".join(f"{key}={size}" for key, size in sorted(requested.items()))
+        said.append(f"requested capacity: {summary}")
+    if moving is not None:
+        changed = gated_pod(changed, gate_name(names.plugin))
+        said.append(f"held by the move of claim {moving}")
+    patch = json_patch(pod, changed)
     return Decision(
         "mutated",
-        f"requested capacity: {summary}",
+        "; ".join(said),
         patch=patch,
-        warnings=marker_warnings(names) if marker else [],
-        requested=dict(sorted(requested.items())),
+        warnings=marker_warnings(names) if marker and requested else [],
+        requested=dict(sorted((requested or {}).items())),
     )

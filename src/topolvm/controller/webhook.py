@@ -28,7 +28,7 @@ from lightkube.resources.core_v1 import PersistentVolumeClaim
 from lightkube.resources.storage_v1 import StorageClass
 
 from topolvm import tlspair
-from topolvm.constants import Names
+from topolvm.constants import NORMAL, Names
 from topolvm.controller.metrics import ControllerMetrics
 from topolvm.controller.podmutate import Decision, PodReader, decide
 from topolvm.k8s import api
@@ -67,14 +67,18 @@ def load_pair(ctx: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
 class ApiPodReader:
     """Live reads (no cache) through a lightkube client."""
 
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(self, client: AsyncClient, names: Names = NORMAL) -> None:
         self.client = client
+        self.moves = api.volumemove_resource(names)
 
     async def get_pvc(self, namespace: str, name: str) -> api.Obj | None:
         return await api.get(self.client, PersistentVolumeClaim, name, namespace=namespace)
 
     async def get_storageclass(self, name: str) -> api.Obj | None:
         return await api.get(self.client, StorageClass, name)
+
+    async def get_volumemove(self, namespace: str, name: str) -> api.Obj | None:
+        return await api.get(self.client, self.moves, name, namespace=namespace)
 
 
 def not_after(cert_pem: bytes) -> datetime.datetime:

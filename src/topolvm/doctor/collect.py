@@ -15,7 +15,13 @@ from urllib.parse import urlsplit
 import httpx2
 from lightkube import ALL_NS, AsyncClient
 from lightkube.core.resource import NamespacedResource
-from lightkube.generic_resource import create_global_resource, create_namespaced_resource
+from lightkube.generic_resource import (
+    GenericGlobalResource,
+    GenericNamespacedResource,
+    create_api_info,
+    create_global_resource,
+    create_namespaced_resource,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 from topolvm.cliargs import parse_listen
@@ -57,11 +63,13 @@ KINDS: dict[str, tuple[str, str, str, str, bool]] = {
     "legacy-logicalvolumes": (
         "topolvm.cybozu.com", "v1", "LogicalVolume", "logicalvolumes", False,
     ),
+    "volumemoves": ("topolvm.io", "v1", "VolumeMove", "volumemoves", True),
+    "legacy-volumemoves": ("topolvm.cybozu.com", "v1", "VolumeMove", "volumemoves", True),
 }  # fmt: skip
 _EVENT = create_namespaced_resource("", "v1", "Event", "events")
 _SECRET = create_namespaced_resource("", "v1", "Secret", "secrets")
 # CRDs that are not installed read as no objects; any other 404 is a missing API.
-_OPTIONAL = ("logicalvolumes", "legacy-logicalvolumes")
+_OPTIONAL = ("logicalvolumes", "legacy-logicalvolumes", "volumemoves", "legacy-volumemoves")
 METRICS_FLAG = "--metrics-bind-address"
 SCHEDULER_CONTAINER = "topolvm-scheduler"
 SCHEDULER_PORT = 9251  # upstream's and the chart's default listen port
@@ -78,7 +86,12 @@ class DoctorError(Exception):
 def _resource(kind: str) -> Any:
     group, version, k, plural, namespaced = KINDS[kind]
     make = create_namespaced_resource if namespaced else create_global_resource
-    return make(group, version, k, plural)
+    try:
+        return make(group, version, k, plural)
+    except ValueError:  # lightkube's typed model of a core kind is registered (imported)
+        # A generic class of our own, left out of lightkube's registry: plain JSON objects.
+        base = GenericNamespacedResource if namespaced else GenericGlobalResource
+        return type(k, (base,), {"_api_info": create_api_info(group, version, k, plural)})
 
 
 async def _list(client: AsyncClient, res: Any, **kw: Any) -> list[Obj]:

@@ -42,15 +42,18 @@ class Scope:
             pods = [pod]
         elif self.pvc:
             pvc = snap.get("pvcs", self.pvc, self.namespace)
-            if pvc is None:
+            if pvc is None and not _moved(snap, self.namespace, self.pvc):
                 raise ScopeError(f"PVC {self.namespace}/{self.pvc} not found")
-            pvcs = [pvc]
+            # a claim that a move re-creates (Swapping) may be gone for a moment
+            refs.add(Ref("PersistentVolumeClaim", self.pvc, self.namespace))
+            pvcs = [] if pvc is None else [pvc]
             pods = [p for p in snap["pods"]
                     if ns_of(p) == self.namespace and self.pvc in claims_of(p)]  # fmt: skip
         else:
             pods = [p for p in snap["pods"] if ns_of(p) == self.namespace]
             pvcs = [c for c in snap["pvcs"] if ns_of(c) == self.namespace]
-            if not pods and not pvcs and "pods" not in snap.unreadable:
+            moves = [m for m in _moves(snap) if ns_of(m) == self.namespace]
+            if not pods and not pvcs and not moves and "pods" not in snap.unreadable:
                 raise ScopeError(f"namespace {self.namespace} has no pods and no PVCs")
         for pod in pods:
             refs.add(Ref("Pod", name_of(pod), ns_of(pod)))
@@ -76,9 +79,28 @@ class Scope:
                         if (lv.get("status") or {}).get("volumeID") == handle:
                             refs.add(Ref("LogicalVolume", name_of(lv)))
                             refs.add(Ref("Node", str((lv.get("spec") or {}).get("nodeName"))))
+        # The VolumeMoves of the claims in scope (of every claim of the namespace).
+        for move in _moves(snap):
+            moved = Ref("PersistentVolumeClaim", move_claim(move), ns_of(move))
+            if moved in refs or (not (self.pod or self.pvc) and ns_of(move) == self.namespace):
+                refs.add(Ref("VolumeMove", name_of(move), ns_of(move)))
+                refs.add(moved)
         return refs
 
     def keep(self, finding: Finding, related: set[Ref] | None) -> bool:
         if related is None or finding.cluster_wide:
             return True
         return any(s in related for s in finding.subjects)
+
+
+def _moves(snap: Snapshot) -> list[Obj]:
+    return [*snap["volumemoves"], *snap["legacy-volumemoves"]]
+
+
+def move_claim(move: Obj) -> str:
+    """The claim a VolumeMove moves (``spec.claim``, in the move's namespace)."""
+    return str((move.get("spec") or {}).get("claim") or "")
+
+
+def _moved(snap: Snapshot, namespace: str, claim: str) -> bool:
+    return any(ns_of(m) == namespace and move_claim(m) == claim for m in _moves(snap))

@@ -17,7 +17,12 @@ import httpx2
 from lightkube import AsyncClient, KubeConfig
 from lightkube.config import client_adapter
 from lightkube.config.models import Cluster, User
-from lightkube.generic_resource import GenericGlobalResource, create_global_resource
+from lightkube.generic_resource import (
+    GenericGlobalResource,
+    GenericNamespacedResource,
+    create_global_resource,
+    create_namespaced_resource,
+)
 from lightkube.types import PatchType
 
 from topolvm.constants import Names
@@ -116,6 +121,11 @@ def logicalvolume_resource(names: Names) -> type[GenericGlobalResource]:
     return create_global_resource(names.group, "v1", "LogicalVolume", "logicalvolumes")
 
 
+def volumemove_resource(names: Names) -> type[GenericNamespacedResource]:
+    """The namespaced VolumeMove resource of ``names.group`` (docs/mobility.md, "Move")."""
+    return create_namespaced_resource(names.group, "v1", "VolumeMove", "volumemoves")
+
+
 async def get(client: AsyncClient, res: Resource, name: str, **kw: Any) -> Obj | None:
     """The object, or None when it does not exist."""
     try:
@@ -153,6 +163,7 @@ async def _read_modify_write(
     *,
     attempts: int = CONFLICT_ATTEMPTS,
     known: Obj | None = None,
+    namespace: str | None = None,
 ) -> Obj | None:
     """Read, ``mutate``, ``write``; a 409 Conflict re-reads the object and applies ``mutate``
     again. Returns the stored object (None if it no longer exists). ``known``: the object as the
@@ -161,7 +172,11 @@ async def _read_modify_write(
     that finds nothing to change in ``known`` writes nothing, so no 409 can correct it: pass
     ``known`` only where that answer is safe on a stale object."""
     for attempt in range(1, attempts + 1):
-        current = known if attempt == 1 and known is not None else await get(client, res, name)
+        current = (
+            known
+            if attempt == 1 and known is not None
+            else await get(client, res, name, **({"namespace": namespace} if namespace else {}))
+        )
         if current is None:
             return None
         changed = copy.deepcopy(current)
@@ -189,8 +204,10 @@ async def modify(
     status: bool = False,
     attempts: int = CONFLICT_ATTEMPTS,
     known: Obj | None = None,
+    namespace: str | None = None,
 ) -> Obj | None:
-    """Read-modify-write of a custom resource with its resourceVersion as precondition.
+    """Read-modify-write of a custom resource with its resourceVersion as precondition
+    (``namespace``: of a namespaced one).
 
     ``status=True`` writes through the status subresource. A 409 Conflict re-reads the object and
     applies ``mutate`` again. Returns the stored object (None if it no longer exists). ``known``
@@ -200,11 +217,14 @@ async def modify(
     async def replace(_: Obj, changed: Obj) -> Obj:
         with translated():
             if status:
-                return to_dict(await client.replace(res.Status.from_dict(changed), name=name))
+                sub = res.Status.from_dict(changed)
+                if namespace:
+                    return to_dict(await client.replace(sub, name=name, namespace=namespace))
+                return to_dict(await client.replace(sub, name=name))
             return to_dict(await client.replace(res.from_dict(changed)))
 
     return await _read_modify_write(
-        client, res, name, mutate, replace, attempts=attempts, known=known
+        client, res, name, mutate, replace, attempts=attempts, known=known, namespace=namespace
     )
 
 

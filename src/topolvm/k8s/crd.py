@@ -1,4 +1,4 @@
-"""The LogicalVolume CustomResourceDefinition (spec §5), for both API groups.
+"""The LogicalVolume (spec §5) and VolumeMove CustomResourceDefinitions, for both API groups.
 
 The YAML files under ``deploy/crds/`` are rendered from :func:`logicalvolume_crd`
 (``python -m topolvm.k8s.crd deploy/crds``); a test keeps them equal.
@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from topolvm.constants import LEGACY, NORMAL
+from topolvm.k8s.moveobject import KIND, PLURAL, MovePhase
 
 _QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?"
@@ -65,6 +66,8 @@ def _copy_status() -> dict[str, Any]:
             "digest": _string("Whole-volume digest (BLAKE2b chain over XXH3-128 segments)."),
             "startTime": {"type": "string", "format": "date-time"},
             "completionTime": {"type": "string", "format": "date-time"},
+            "round": {"type": "integer", "format": "int32",
+                      "description": "The spec.copy.round this status is of."},
         },
     }  # fmt: skip
 
@@ -83,7 +86,22 @@ def logicalvolume_crd(group: str) -> dict[str, Any]:
             "type": "object",
             "description": "Fill the new logical volume with a copy of another LogicalVolume "
             "(a snapshot, or a point-in-time cut of a volume), on this node or another one.",
-            "properties": {"source": _string("Name of the LogicalVolume to copy.")},
+            "properties": {
+                "source": _string("Name of the LogicalVolume to copy."),
+                "keepCut": {
+                    "type": "boolean",
+                    "description": "A move's copy: the source's "
+                    "node keeps the point-in-time cut of round 1, the base of round 2.",
+                },
+                "round": {
+                    "type": "integer",
+                    "format": "int32",
+                    "minimum": 1,
+                    "maximum": 2,
+                    "description": "2: send only what changed in the source since the "
+                    "cut of round 1 (a move's final copy).",
+                },
+            },
             "required": ["source"],
         },
     }
@@ -154,13 +172,111 @@ def logicalvolume_crd(group: str) -> dict[str, Any]:
     }
 
 
+def volumemove_crd(group: str) -> dict[str, Any]:
+    """The CRD manifest for ``volumemoves.<group>`` (:mod:`topolvm.k8s.moveobject`)."""
+    status_props: dict[str, Any] = {
+        "phase": {"type": "string", "enum": [*MovePhase.ORDER, MovePhase.ROLLING_BACK,
+                                             MovePhase.ROLLED_BACK, MovePhase.REFUSED]},
+        "message": _string("What the move does or waits for, or why it stopped."),
+        "reason": _string("Why it was refused or rolled back."),
+        "sourceNode": _string("The node the claim's data was on."),
+        "targetNode": _string("The node the data moves to."),
+        "sourceVolume": _string("The claim's LogicalVolume before the move."),
+        "targetVolume": _string("The LogicalVolume on the target node."),
+        "oldVolumeName": _string("The claim's PersistentVolume before the move."),
+        "newVolumeName": _string("The claim's PersistentVolume after the move."),
+        "pod": _string("The pod that uses the claim."),
+        "owner": _string("The pod's controller (Kind/name)."),
+        "podUID": _string("The pod's UID before the move."),
+        "claimUID": _string("The claim's UID before the move (it is re-created)."),
+        "claimTemplate": _string("JSON of the claim's metadata and spec, to re-create it."),
+        "reclaimPolicy": _string("The old PersistentVolume's reclaim policy."),
+        "deviceClass": _string("The device class of both volumes."),
+        "sizeBytes": _int64("The volume's size."),
+        "preCopyBytes": _int64("Data bytes the pre-copy moved (the pod running)."),
+        "deltaBytes": _int64("Data bytes the final copy moved (the pod stopped)."),
+        "doneBytes": _int64("Progress of the copy in hand through the volume."),
+        "totalBytes": _int64("Bytes of the volume the copy in hand goes through."),
+        "progress": _string("Phase and percentage, for kubectl get."),
+        "startTime": {"type": "string", "format": "date-time"},
+        "stopTime": {"type": "string", "format": "date-time",
+                     "description": "The pod was stopped: the downtime starts."},
+        "swapTime": {"type": "string", "format": "date-time"},
+        "downtimeSeconds": _int64("From the pod's stop until it ran on the target."),
+        "completionTime": {"type": "string", "format": "date-time"},
+    }  # fmt: skip
+    schema = {
+        "type": "object",
+        "description": "VolumeMove moves a PersistentVolumeClaim with its data to another node.",
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": {
+                "type": "object",
+                "properties": {
+                    "claim": _string("The PersistentVolumeClaim to move (same namespace)."),
+                    "targetNode": _string("Where to; empty: the node with the most room."),
+                },
+                "required": ["claim"],
+                "x-kubernetes-validations": [
+                    {"rule": "self == oldSelf", "message": "spec is immutable"}
+                ],
+            },
+            "status": {"type": "object", "properties": status_props},
+        },
+    }
+    columns = [
+        {"name": "Claim", "type": "string", "jsonPath": ".spec.claim"},
+        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "From", "type": "string", "jsonPath": ".status.sourceNode"},
+        {"name": "To", "type": "string", "jsonPath": ".status.targetNode"},
+        {"name": "Progress", "type": "string", "jsonPath": ".status.progress"},
+        {"name": "Downtime", "type": "integer", "jsonPath": ".status.downtimeSeconds"},
+        {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{group}"},
+        "spec": {
+            "group": group,
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": "volumemove",
+                "shortNames": ["vmove"],
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": schema},
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": columns,
+                }
+            ],
+        },
+    }
+
+
 def render(group: str) -> str:
     return "---\n" + yaml.safe_dump(logicalvolume_crd(group), sort_keys=False, width=1000)
 
 
+def render_move(group: str) -> str:
+    return "---\n" + yaml.safe_dump(volumemove_crd(group), sort_keys=False, width=1000)
+
+
 def crd_files() -> dict[str, str]:
     """File name → rendered manifest, for both groups."""
-    return {f"logicalvolumes.{n.group}.yaml": render(n.group) for n in (NORMAL, LEGACY)}
+    files = {f"logicalvolumes.{n.group}.yaml": render(n.group) for n in (NORMAL, LEGACY)}
+    files.update({f"{PLURAL}.{n.group}.yaml": render_move(n.group) for n in (NORMAL, LEGACY)})
+    return files
 
 
 if __name__ == "__main__":

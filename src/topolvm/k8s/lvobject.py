@@ -102,13 +102,15 @@ class CopyStatus:
     digest: str = ""  # the whole-volume digest, once done
     start_time: str = ""
     completion_time: str = ""
+    round: int = 0  # the spec.copy.round this status is of (0: the first)
 
     _KEYS = (("phase", "phase"), ("message", "message"), ("source_node", "sourceNode"),
              ("source_id", "sourceID"), ("total_bytes", "totalBytes"),
              ("done_bytes", "doneBytes"), ("transferred_bytes", "transferredBytes"),
              ("bytes_per_second", "bytesPerSecond"), ("attempts", "attempts"),
              ("resumed_from", "resumedFrom"), ("digest", "digest"),
-             ("start_time", "startTime"), ("completion_time", "completionTime"))  # fmt: skip
+             ("start_time", "startTime"), ("completion_time", "completionTime"),
+             ("round", "round"))  # fmt: skip
 
     @classmethod
     def from_dict(cls, raw: Any) -> CopyStatus | None:
@@ -166,6 +168,10 @@ class LogicalVolumeObject:
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     copy_source: str = ""  # spec.copy.source: the LogicalVolume a copy fills this one from
+    # a move's copy (docs/mobility.md, "Move"): round 1 fills it from a first cut of the
+    # source, which its node keeps (keepCut); round 2 sends what changed since that cut
+    copy_round: int = 1
+    copy_keep_cut: bool = False
     copy: CopyStatus | None = None  # status.copy
     created: str = ""  # metadata.creationTimestamp
 
@@ -174,8 +180,14 @@ class LogicalVolumeObject:
         """Not filled by a copy, or the copy is complete and verified. (A thick snapshot or
         clone on its source's node is a copy too: its node reports ``status.copy``.)"""
         if self.copy is not None:
-            return self.copy.phase == CopyPhase.DONE
+            return self.copy.phase == CopyPhase.DONE and self.copy_round_of(self.copy) == (
+                self.copy_round
+            )
         return not self.copy_source
+
+    @staticmethod
+    def copy_round_of(status: CopyStatus) -> int:
+        return max(status.round, 1)
 
     @property
     def ready(self) -> bool:
@@ -208,6 +220,8 @@ class LogicalVolumeObject:
             labels=dict(meta.get("labels") or {}),
             annotations=dict(meta.get("annotations") or {}),
             copy_source=str((spec.get("copy") or {}).get("source") or ""),
+            copy_round=max(_int((spec.get("copy") or {}).get("round")), 1),
+            copy_keep_cut=bool((spec.get("copy") or {}).get("keepCut")),
             copy=CopyStatus.from_dict(status.get("copy")),
             created=str(meta.get("creationTimestamp") or ""),
         )

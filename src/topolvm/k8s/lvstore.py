@@ -41,6 +41,7 @@ class VolumeRequest:
     source: str = ""
     access_type: str = ""
     copy_source: str = ""  # spec.copy.source: fill it from this LogicalVolume (another node's)
+    copy_keep_cut: bool = False  # a move's copy: the source's node keeps its first cut
     labels: tuple[tuple[str, str], ...] = ()
     annotations: tuple[tuple[str, str], ...] = ()
     finalizers: tuple[str, ...] = ()
@@ -55,6 +56,8 @@ class VolumeRequest:
                 out[key] = value
         if self.copy_source:
             out["copy"] = {"source": self.copy_source}
+            if self.copy_keep_cut:
+                out["copy"]["keepCut"] = True
         return out
 
     def metadata(self) -> dict[str, Any]:

@@ -10,7 +10,9 @@ snapshot, so the live pool may go on) as XML, one element a line::
 
 Blocks are ``data_block_size`` sectors (512 bytes). :class:`ThinDump` reads those lines one at
 a time and keeps the device's mapped ranges as merged byte ranges, so a fragmented volume costs
-memory per range, not per line.
+memory per range, not per line; with ``runs`` it keeps them as runs of blocks with the data
+blocks they map to instead, and :func:`changed_ranges` compares two devices' runs: a thin
+snapshot shares its origin's data blocks, and a block written since gets a block of its own.
 """
 
 from __future__ import annotations
@@ -41,15 +43,24 @@ def _int(attrs: dict[bytes, bytes], key: bytes, line: bytes) -> int:
     return value
 
 
+Run = tuple[int, int, int]
+"""``(origin_begin, data_begin, length)`` in blocks: the device's blocks from ``origin_begin``
+map to the pool's data blocks from ``data_begin``."""
+
+
 class ThinDump:
     """Fed thin_dump's output line by line; :attr:`ranges` are the mapped ``(offset, length)``
-    byte ranges of device ``dev_id``, sorted and merged; :attr:`block_bytes` the pool's chunk."""
+    byte ranges of device ``dev_id``, sorted and merged; :attr:`block_bytes` the pool's chunk.
+    With ``runs``, :attr:`runs` are its mappings instead (sorted, joined where both the device's
+    and the data blocks follow on), and :attr:`ranges` stays empty."""
 
-    def __init__(self, dev_id: int) -> None:
+    def __init__(self, dev_id: int, *, runs: bool = False) -> None:
         self.dev_id = dev_id
         self.block_bytes = 0
         self.ranges: list[tuple[int, int]] = []
+        self.runs: list[Run] = []
         self.found = False
+        self._keep_runs = runs
         self._inside = False
 
     def feed(self, line: bytes) -> None:
@@ -71,16 +82,21 @@ class ThinDump:
             if tag == b"range_mapping":
                 begin = _int(attrs, b"origin_begin", text)
                 length = _int(attrs, b"length", text)
+                data = _int(attrs, b"data_begin", text) if self._keep_runs else 0
             else:
                 begin, length = _int(attrs, b"origin_block", text), 1
-            self._add(begin, length, text)
+                data = _int(attrs, b"data_block", text) if self._keep_runs else 0
+            self._add(begin, length, data, text)
 
-    def _add(self, begin: int, length: int, line: bytes) -> None:
+    def _add(self, begin: int, length: int, data: int, line: bytes) -> None:
         if not self.block_bytes:
             raise ThinDumpError("thin_dump printed a mapping before its superblock")
         offset, size = begin * self.block_bytes, length * self.block_bytes
         if length <= 0:
             raise ThinDumpError(f"thin_dump mapping of no blocks: {line[:200]!r}")
+        if self._keep_runs:
+            self._add_run(begin, length, data)
+            return
         if self.ranges:
             last_offset, last_size = self.ranges[-1]
             end = last_offset + last_size
@@ -90,6 +106,43 @@ class ThinDump:
                 self.ranges[-1] = (last_offset, last_size + size)
                 return
         self.ranges.append((offset, size))
+
+    def _add_run(self, begin: int, length: int, data: int) -> None:
+        if self.runs:
+            last_begin, last_data, last_length = self.runs[-1]
+            if begin < last_begin + last_length:
+                raise ThinDumpError(f"thin_dump mappings out of order at block {begin}")
+            if begin == last_begin + last_length and data == last_data + last_length:
+                self.runs[-1] = (last_begin, last_data, last_length + length)
+                return
+        self.runs.append((begin, data, length))
+
+
+def changed_ranges(a: list[Run], b: list[Run], block_bytes: int) -> list[tuple[int, int]]:
+    """The ``(offset, length)`` byte ranges, sorted and merged, where devices of runs ``a`` and
+    ``b`` (each sorted and disjoint) map a block to different data blocks, or only one maps it.
+    One sweep over both lists: the cost is in runs, not blocks."""
+    out: list[tuple[int, int]] = []
+    end_of_all = (1 << 63, 0, 0)
+    i = j = pos = 0
+    while i < len(a) or j < len(b):
+        a_begin, a_data, a_len = a[i] if i < len(a) else end_of_all
+        b_begin, b_data, b_len = b[j] if j < len(b) else end_of_all
+        pos = max(pos, min(a_begin, b_begin))
+        in_a, in_b = a_begin <= pos, b_begin <= pos  # the runs at i and j end after pos
+        # up to the next boundary of either list, each maps pos + k to its data block + k
+        end = min(a_begin + a_len if in_a else a_begin, b_begin + b_len if in_b else b_begin)
+        if end > pos and (not (in_a and in_b) or a_data - a_begin != b_data - b_begin):
+            if out and out[-1][1] == pos:
+                out[-1] = (out[-1][0], end)
+            else:
+                out.append((pos, end))
+        pos = end
+        if in_a and pos == a_begin + a_len:
+            i += 1
+        if in_b and pos == b_begin + b_len:
+            j += 1
+    return [(begin * block_bytes, (end - begin) * block_bytes) for begin, end in out]
 
 
 def dm_name(vg: str, lv: str, layer: str = "") -> str:

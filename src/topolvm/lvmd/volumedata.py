@@ -7,18 +7,22 @@ copy reads only those: it reserves the pool's metadata snapshot (``dmsetup messa
 with ``thin_dump -m``, and releases it, under lvmd's lock (one reservation per pool can exist,
 and no LVM change runs meanwhile). A reservation left by a killed lvmd is released and made
 again.
+
+``ThinDelta`` says where a thin volume maps other blocks than a base in the same pool (a thin
+snapshot taken earlier, which shares the blocks not written since): both volumes' mappings
+come from one reservation, so they are of the same instant.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 from topolvm.config.lvmd import DeviceClass, LvmdConfig
 from topolvm.lvm import validate
 from topolvm.lvm.errors import LvmError
 from topolvm.lvm.report import LvRecord, Report, has_cow_snapshot
-from topolvm.lvm.thinmap import ThinDump, ThinDumpError, dm_name
+from topolvm.lvm.thinmap import ThinDump, ThinDumpError, changed_ranges, dm_name
 from topolvm.lvmd.capacity import find_pool
 from topolvm.lvmd.service import block_device, resolve, rpc_of, translate
 from topolvm.lvmd.state import LvmState
@@ -96,34 +100,56 @@ class VolumeDataService:
         if not dc.is_thin:
             raise status.FailedPrecondition(f"device class {dc.name} is not thin")
         lv = await self._find(dc, validate.lv_name(request.name))
-        dump = await self._dump(lv)
-        ranges = dump.ranges
-        for i in range(0, max(len(ranges), 1), BATCH):
-            part = ranges[i : i + BATCH]
-            yield pb.ThinMappingsResponse(offsets=[o for o, _ in part],
-                                          lengths=[n for _, n in part],
-                                          chunk_bytes=dump.block_bytes)  # fmt: skip
-
-    async def _dump(self, lv: LvRecord) -> ThinDump:
-        dev_id = await self._lv_field(lv.full_name, "thin_id")
-        tpool = dm_name(lv.vg_name, lv.pool_lv, "tpool")
-        tmeta = f"/dev/mapper/{dm_name(lv.vg_name, lv.pool_lv + '_tmeta')}"
-        dump = ThinDump(dev_id)
-        async with self.state.lock:
-            await self._reserve(tpool)
-            try:
-                await self.runner.tool_lines("thin_dump", "--metadata-snap", "--dev-id",
-                                             str(dev_id), tmeta, on_line=dump.feed)  # fmt: skip
-            except ThinDumpError as e:
-                raise status.Internal(f"thin_dump of {lv.full_name}: {e}") from e
-            finally:
-                await self._release(tpool)
-        if not dump.found:
-            raise status.Internal(f"thin_dump has no device {dev_id} ({lv.full_name})")
+        (dump,) = await self._dump(lv)
         mapped = sum(n for _, n in dump.ranges)
         ctx = {"lv": lv.full_name, "ranges": len(dump.ranges), "mapped_bytes": mapped}
         log.info("read thin mappings", extra=ctx)
-        return dump
+        for reply in _batches(dump.ranges, dump.block_bytes):
+            yield reply
+
+    @status.stream_rpc(SERVICE, translate)
+    async def ThinDelta(
+        self, request: pb.ThinDeltaRequest, context: Context
+    ) -> AsyncIterator[pb.ThinMappingsResponse]:
+        dc = resolve(self.config, request.device_class)
+        if not dc.is_thin:
+            raise status.FailedPrecondition(f"device class {dc.name} is not thin")
+        lv = await self._find(dc, validate.lv_name(request.name))
+        base = await self._find(dc, validate.lv_name(request.base))
+        if (lv.vg_name, lv.pool_lv) != (base.vg_name, base.pool_lv) or not lv.pool_lv:
+            raise status.FailedPrecondition(
+                f"{lv.full_name} and {base.full_name} are not thin volumes of one pool"
+            )
+        dump, base_dump = await self._dump(lv, base, runs=True)
+        ranges = changed_ranges(dump.runs, base_dump.runs, dump.block_bytes)
+        ctx = {"lv": lv.full_name, "base": base.full_name, "ranges": len(ranges),
+               "changed_bytes": sum(n for _, n in ranges)}  # fmt: skip
+        log.info("read thin delta", extra=ctx)
+        for reply in _batches(ranges, dump.block_bytes):
+            yield reply
+
+    async def _dump(self, *lvs: LvRecord, runs: bool = False) -> list[ThinDump]:
+        """The mappings of thin volumes of one pool, all from one metadata snapshot."""
+        first = lvs[0]
+        dumps = [ThinDump(await self._lv_field(lv.full_name, "thin_id"), runs=runs) for lv in lvs]
+        tpool = dm_name(first.vg_name, first.pool_lv, "tpool")
+        tmeta = f"/dev/mapper/{dm_name(first.vg_name, first.pool_lv + '_tmeta')}"
+        async with self.state.lock:
+            await self._reserve(tpool)
+            try:
+                for lv, dump in zip(lvs, dumps, strict=True):
+                    try:
+                        await self.runner.tool_lines("thin_dump", "--metadata-snap", "--dev-id",
+                                                     str(dump.dev_id), tmeta,
+                                                     on_line=dump.feed)  # fmt: skip
+                    except ThinDumpError as e:
+                        raise status.Internal(f"thin_dump of {lv.full_name}: {e}") from e
+            finally:
+                await self._release(tpool)
+        for lv, dump in zip(lvs, dumps, strict=True):
+            if not dump.found:
+                raise status.Internal(f"thin_dump has no device {dump.dev_id} ({lv.full_name})")
+        return dumps
 
     async def _reserve(self, tpool: str) -> None:
         try:
@@ -147,3 +173,11 @@ class VolumeDataService:
         except LvmError as e:
             log.warning("could not release the metadata snapshot",
                         extra={"pool": tpool, "stderr": e.stderr})  # fmt: skip
+
+
+def _batches(ranges: list[tuple[int, int]], chunk: int) -> Iterator[pb.ThinMappingsResponse]:
+    """``ranges`` in parts of at most ``BATCH`` (one, empty, when there are none)."""
+    for i in range(0, max(len(ranges), 1), BATCH):
+        part = ranges[i : i + BATCH]
+        yield pb.ThinMappingsResponse(offsets=[o for o, _ in part], lengths=[n for _, n in part],
+                                      chunk_bytes=chunk)  # fmt: skip

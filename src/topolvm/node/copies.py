@@ -146,6 +146,8 @@ class CopyJobs:
             raise SourceFailed(f"the source {source_name} holds no data yet")
         target = await self.volumes.describe(lv.volume_id, lv.device_class)
         prior = lv.copy or CopyStatus()
+        if LogicalVolumeObject.copy_round_of(prior) != lv.copy_round:  # a move's final copy
+            prior = CopyStatus(round=lv.copy_round, source_node=prior.source_node)
         waiting = self._slots.locked()
         if waiting:
             await self.report.write(
@@ -219,7 +221,9 @@ class CopyJobs:
                 stop,
                 timeout,
                 accepted,
-                fresh=prior.attempts == 0,
+                # a move's final copy writes over round 1's data: a whole copy (no delta)
+                # discards that first
+                fresh=prior.attempts == 0 and lv.copy_round < 2,
             )
 
         outcome = await self._in_thread(work, stop)

@@ -42,6 +42,9 @@ class LvmdClient(Protocol):
         self, name: str, device_class: str, with_uuid: bool = False
     ) -> vd.DescribeLVResponse: ...
     def thin_mappings(self, name: str, device_class: str) -> AsyncIterator[tuple[int, int]]: ...
+    def thin_delta(
+        self, name: str, base: str, device_class: str
+    ) -> AsyncIterator[tuple[int, int]]: ...
     async def check_health(self) -> None:
         """Raise :class:`LvmdCallError` unless lvmd answers SERVING."""
 
@@ -128,6 +131,17 @@ class SocketLvmd:
         except GRPCError as e:
             raise _from_rpc_error(e) from None
 
+    async def thin_delta(
+        self, name: str, base: str, device_class: str
+    ) -> AsyncIterator[tuple[int, int]]:
+        req = vd.ThinDeltaRequest(name=name, base=base, device_class=device_class)
+        try:
+            async for msg in self._client.stream(_DATA, "ThinDelta", req):
+                for r in _ranges(msg):
+                    yield r
+        except GRPCError as e:
+            raise _from_rpc_error(e) from None
+
     async def check_health(self) -> None:
         req = health_pb2.HealthCheckRequest(service="")
         resp = await self._call(_HEALTH, "Check", req, 10)
@@ -198,6 +212,14 @@ class EmbeddedLvmd:
     async def thin_mappings(self, name: str, device_class: str) -> AsyncIterator[tuple[int, int]]:
         req = vd.ThinMappingsRequest(name=name, device_class=device_class)
         async for msg in self._server.data.ThinMappings(req, self._ctx):
+            for r in _ranges(msg):
+                yield r
+
+    async def thin_delta(
+        self, name: str, base: str, device_class: str
+    ) -> AsyncIterator[tuple[int, int]]:
+        req = vd.ThinDeltaRequest(name=name, base=base, device_class=device_class)
+        async for msg in self._server.data.ThinDelta(req, self._ctx):
             for r in _ranges(msg):
                 yield r
 

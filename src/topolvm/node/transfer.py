@@ -12,6 +12,8 @@ pin them. A job is the target LogicalVolume a receiver names; it is served only 
 - its source LogicalVolume is on this node and holds its data.
 
 A snapshot (``accessType: ro``) is read as it is; a live volume through a cut made for the job.
+A move's copy (``spec.copy.keepCut``) keeps its cut after round 1; its round 2 reads a second
+cut and sends only what differs from the first; both go when round 2 is done.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from topolvm.k8s import api
 from topolvm.k8s import errors as kube
 from topolvm.k8s.lvobject import InvalidQuantity, LogicalVolumeObject
 from topolvm.k8s.runtime import Informer
-from topolvm.node.volumes import Cuts, LvmdVolumes
+from topolvm.node.volumes import Cuts, LvmdVolumes, cut_name, job_of_round, round_two
 from topolvm.transfer import messages
 from topolvm.transfer.auth import TokenReviewer
 from topolvm.transfer.errors import Refused, TransferError
@@ -109,15 +111,29 @@ class TransferService:
             raise Refused("unknown-job", f"the source {target.copy_source} is {where}, not here")
         if not source.ready:
             raise Refused("unavailable", f"the source {source.name} holds no data yet")
-        volume = source.volume_id
+        volume, base = source.volume_id, ""
         if source.access_type != "ro":  # a live volume: read a cut of it, made for this job
             try:
-                volume = await self.cuts.ensure(target.uid, source.volume_id, source.device_class)
+                volume, base = await self._cut(target, source)
             except TransferError as e:
                 raise Refused("unavailable", str(e)) from e
-        return Job(
-            target.uid, target.name, target.node_name, volume, source.device_class, source.name
-        )
+        return Job(target.uid, target.name, target.node_name, volume, source.device_class,
+                   source.name, base=base)  # fmt: skip
+
+    async def _cut(
+        self, target: LogicalVolumeObject, source: LogicalVolumeObject
+    ) -> tuple[str, str]:
+        """The cut to read, and the base of a delta: a move's round 2 reads a second cut and
+        sends what differs from the first (kept since round 1); without the first, all."""
+        dc = source.device_class
+        if target.copy_round < 2:
+            return await self.cuts.ensure(target.uid, source.volume_id, dc), ""
+        has_base = target.uid in await self.cuts.listed(dc)
+        second = await self.cuts.ensure(round_two(target.uid), source.volume_id, dc)
+        if not has_base:
+            log.warning("the first cut of a move is gone: its final copy sends everything",
+                        extra={"target": target.name})  # fmt: skip
+        return second, cut_name(target.uid) if has_base else ""
 
     # -- cuts -----------------------------------------------------------------------------
 
@@ -132,7 +148,9 @@ class TransferService:
                 target = LogicalVolumeObject.from_dict(obj)
             except (InvalidQuantity, KeyError, TypeError, ValueError):
                 return
-            if event == "DELETED" or target.copy_done or target.code:
+            kept = target.copy_keep_cut and target.copy_round < 2  # a move's first cut
+            over = target.copy_done and not kept
+            if event == "DELETED" or over or target.code or target.deleting:
                 task = asyncio.create_task(self._drop_cut(target))
                 self._cleanups.add(task)
                 task.add_done_callback(self._cleanups.discard)
@@ -143,8 +161,9 @@ class TransferService:
         source = await self._source_here(target.copy_source)
         if source is None or source.access_type == "ro":
             return
-        with contextlib.suppress(TransferError):
-            await self.cuts.remove(target.uid, source.device_class)
+        for job in (target.uid, round_two(target.uid)):
+            with contextlib.suppress(TransferError):
+                await self.cuts.remove(job, source.device_class)
 
     async def _source_here(self, name: str) -> LogicalVolumeObject | None:
         try:
@@ -168,10 +187,11 @@ class TransferService:
             with contextlib.suppress(InvalidQuantity, KeyError, TypeError, ValueError):
                 lv = LogicalVolumeObject.from_dict(obj)
                 copied = lv.copy_source or lv.copy is not None
-                if copied and not lv.copy_done and not lv.deleting and not lv.code:
+                kept = lv.copy_keep_cut and lv.copy_round < 2
+                if copied and (kept or not lv.copy_done) and not lv.deleting and not lv.code:
                     running.add(lv.uid)
         for dc, jobs in cuts.items():
             for job in jobs:
-                if job not in running:
+                if job_of_round(job) not in running:
                     with contextlib.suppress(TransferError):
                         await self.cuts.remove(job, dc)

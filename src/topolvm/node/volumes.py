@@ -1,5 +1,6 @@
 """What the node's copies need of lvmd: where a volume's bytes are, a thin volume's mapped
-blocks (:class:`LvmdVolumes`, the transfer's :class:`~topolvm.transfer.jobs.Volumes`), and
+blocks and those that differ from a base (:class:`LvmdVolumes`, the transfer's
+:class:`~topolvm.transfer.jobs.Volumes`), and
 point-in-time cuts of live volumes (:class:`Cuts`).
 
 A copy never reads a live volume: it reads a snapshot, or a *cut*, an LVM snapshot of the live
@@ -33,6 +34,19 @@ def job_of_cut(lv_name: str) -> str | None:
     return lv_name[len(CUT_PREFIX) :] if lv_name.startswith(CUT_PREFIX) else None
 
 
+ROUND_TWO = ".r2"
+
+
+def round_two(job_uid: str) -> str:
+    """The job id of a move's second cut (``cut.<uid>.r2``)."""
+    return job_uid + ROUND_TWO
+
+
+def job_of_round(job: str) -> str:
+    """The target's UID of a cut's job id (either round)."""
+    return job.removesuffix(ROUND_TWO)
+
+
 class LvmdVolumes:
     def __init__(self, lvmd: LvmdClient) -> None:
         self.lvmd = lvmd
@@ -55,6 +69,22 @@ class LvmdVolumes:
             log.warning(
                 "thin mappings unknown; reading the volume whole",
                 extra={"lv": name, "error": str(e)},
+            )
+            return None
+
+    async def changed(
+        self, name: str, base: str, device_class: str
+    ) -> list[tuple[int, int]] | None:
+        try:
+            return [r async for r in self.lvmd.thin_delta(name, base, device_class)]
+        except LvmdCallError as e:
+            if e.code in (Status.NOT_FOUND, Status.UNAVAILABLE):
+                raise SourceFailed(f"lvmd cannot compare LV {name} with {base}: {e.message}") from e
+            # an lvmd without ThinDelta, or no thin_dump on the host: the copy compares every
+            # range with the base, which is correct, only slower
+            log.warning(
+                "thin delta unknown; comparing the volume with its base whole",
+                extra={"lv": name, "base": base, "error": str(e)},
             )
             return None
 

@@ -7,6 +7,10 @@ comes. At each checkpoint the target is synced and ``persist`` records the point
 writes it to the LogicalVolume's status) before the sender hears of it: a checkpoint the
 sender knows is always durable. After END the counts and the whole-volume digest are checked;
 the final acknowledgement tells the sender the copy is complete.
+
+An ACCEPT that says ``delta`` streams only what differs from a base the target holds already
+(the job's earlier copy): KEEP records leave the target's bytes, zeros are all written, and
+the target is never discarded.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class Outcome:
     digest: bytes
     data_bytes: int  # DATA payload received in this connection
     zero_bytes: int
+    keep_bytes: int = 0  # a delta's ranges the target held already
 
 
 Persist = Callable[[Checkpoint], None]
@@ -109,7 +114,7 @@ def _fill(
     volume = Volume(target.path, writable=True)
     try:
         sink = RecordSink(volume, accept.size, target.size, target.chunk, checkpoint,
-                          accept.offset, state, fresh=fresh)  # fmt: skip
+                          accept.offset, state, fresh=fresh, delta=accept.delta)  # fmt: skip
         sink.on_progress = lambda position: progress(position, accept.size, sink.counts.data_bytes)
         payload = aligned(wire.SEGMENT)  # page-aligned: written with O_DIRECT
         while True:
@@ -120,11 +125,15 @@ def _fill(
                 sink.data(header.offset, body)
             elif header.kind is wire.Kind.ZERO:
                 sink.zero(header.offset, header.length)
+            elif header.kind is wire.Kind.KEEP:
+                sink.keep(header.offset, header.length)
             elif header.kind is wire.Kind.END:
                 end = messages.decode(header.kind, body, messages.End)
                 digest = sink.end(end, sink.counts)  # synced: the copy is complete
                 conn.send_message(messages.Ack(offset=accept.size, digest=digest.hex()))
-                return Outcome(accept, digest, sink.counts.data_bytes, sink.counts.zero_bytes)
+                counts = sink.counts
+                return Outcome(accept, digest, counts.data_bytes, counts.zero_bytes,
+                               counts.keep_bytes)  # fmt: skip
             else:
                 raise_if_refused(header, body)
                 raise ProtocolError(f"unexpected {header.kind.name} in the stream")

@@ -184,5 +184,5 @@ def raise_if_refused(header: wire.Header, body: memoryview) -> None:
         raise Refused(refusal.reason, refusal.message)
     if header.kind is wire.Kind.FAIL:
         raise SourceFailed(messages.decode(header.kind, body, messages.Fail).message)
-    if header.kind not in wire.CONTROL and header.kind not in (wire.Kind.DATA, wire.Kind.ZERO):
+    if header.kind not in wire.CONTROL and header.kind not in wire.RECORDS:
         raise ProtocolError(f"unexpected {header.kind.name}")

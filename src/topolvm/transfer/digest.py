@@ -5,6 +5,12 @@
 compute it, the sender over what it read and the receiver over what it wrote, however the
 records split the volume. The chain's value is 32 bytes, so a checkpoint (offset and value, at
 a segment boundary) is all a restarted receiver needs to go on from there.
+
+In a delta copy the receiver does not see the bytes of a KEEP range, so neither side hashes
+them: each maximal kept run within a segment is hashed as the marker ``"KEEP" || offset ||
+length`` (8 bytes big-endian each) where its bytes would be. The chain then attests the bytes
+sent and which ranges were kept, not the whole volume, and still does not depend on how
+records split the volume (adjacent kept parts of a segment are one run).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from topolvm.transfer.wire import SEGMENT
 
 _DOMAIN = b"topolvm-transfer-v1"
 _ZEROS = bytes(SEGMENT)
+_KEEP = b"KEEP"
 ZERO_SEGMENT = xxhash.xxh3_128_digest(_ZEROS)
 
 
@@ -44,6 +51,7 @@ class VolumeDigest:
         if len(self._state) != 32:
             raise ValueError("a digest state is 32 bytes")
         self._segment = xxhash.xxh3_128()
+        self._kept_from = -1  # the start of the kept run the segment ends with, if any
         # called with (offset, state) at every segment boundary passed: the sender keeps the
         # recent ones to check a receiver's checkpoints against
         self.on_boundary: Callable[[int, bytes], None] | None = None
@@ -75,11 +83,20 @@ class VolumeDigest:
 
     def _close_if_full(self) -> None:
         if self.position == self._segment_end() or self.position % SEGMENT == 0:
+            self._end_keep()
             self._step(self._segment.digest())
             self._segment.reset()
 
+    def _end_keep(self) -> None:
+        if self._kept_from >= 0:
+            begin, length = self._kept_from, self.position - self._kept_from
+            self._segment.update(_KEEP + begin.to_bytes(8, "big") + length.to_bytes(8, "big"))
+            self._kept_from = -1
+
     def feed_data(self, offset: int, data: bytes | memoryview) -> None:
         self._check(offset, len(data))
+        if len(data):
+            self._end_keep()
         view = memoryview(data)
         while view:
             take = min(len(view), self._segment_end() - self.position)
@@ -90,6 +107,8 @@ class VolumeDigest:
 
     def feed_zero(self, offset: int, length: int) -> None:
         self._check(offset, length)
+        if length:
+            self._end_keep()
         end = offset + length
         while self.position < end:
             seg_end = self._segment_end()
@@ -101,6 +120,16 @@ class VolumeDigest:
                 continue
             self._segment.update(_ZEROS[:take])
             self.position += take
+            self._close_if_full()
+
+    def feed_keep(self, offset: int, length: int) -> None:
+        """A delta's range the receiver holds already: hashed as its marker, per segment."""
+        self._check(offset, length)
+        end = offset + length
+        while self.position < end:
+            if self._kept_from < 0:
+                self._kept_from = self.position
+            self.position = min(end, self._segment_end())
             self._close_if_full()
 
     def final(self) -> bytes:

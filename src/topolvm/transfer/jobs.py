@@ -29,12 +29,20 @@ class Volumes(Protocol):
         """A thin volume's mapped byte ranges; None when they cannot be known (an lvmd
         without VolumeData, no thin_dump): the volume is then read whole."""
 
+    async def changed(
+        self, name: str, base: str, device_class: str
+    ) -> list[tuple[int, int]] | None:
+        """Byte ranges where thin volume ``name`` maps other blocks than thin volume ``base``
+        (in the same pool), sorted and merged; None when unknown: every range is compared."""
+
 
 @dataclass(frozen=True)
 class Job:
     """A copy a sender authorised: the target LogicalVolume (``target``, UID ``uid``) on
     ``target_node`` is filled from this node's LV ``volume`` (of ``device_class``: the source
-    LogicalVolume ``source`` itself, or a point-in-time cut of it)."""
+    LogicalVolume ``source`` itself, or a point-in-time cut of it). With a ``base`` (an LV of
+    this node in the same device class, as large as ``volume``, whose bytes the target holds
+    already) only what differs from it is sent: a delta copy."""
 
     uid: str
     target: str
@@ -42,6 +50,7 @@ class Job:
     volume: str
     device_class: str
     source: str  # the source LogicalVolume's name, for logs and status
+    base: str = ""
 
 
 Authorise = Callable[[messages.Hello], Awaitable[Job]]

@@ -1,5 +1,9 @@
 """The control frames' payloads (pure): JSON decoded by msgspec into frozen structs whose
-shapes and bounds are checked on decode. Anything else is a :class:`ProtocolError`."""
+shapes and bounds are checked on decode. Anything else is a :class:`ProtocolError`.
+
+Fields added later have defaults and are left out when they have them (``omit_defaults``), so
+a peer that predates them reads what a full copy says, and one that gets a field it does not
+know (a delta ACCEPT) refuses it."""
 
 from __future__ import annotations
 
@@ -50,15 +54,17 @@ class Hello(_Message, frozen=True):
     resume: Resume | None = None
 
 
-class Accept(_Message, frozen=True):
+class Accept(_Message, frozen=True, omit_defaults=True):
     """The sender took the job: it streams the source's ``size`` bytes from ``offset`` (the
-    receiver's checkpoint, or 0 with ``note`` saying why it starts over)."""
+    receiver's checkpoint, or 0 with ``note`` saying why it starts over). ``delta``: the stream
+    is a delta against the base the receiver's target holds (KEEP records leave its bytes)."""
 
     size: Offset
     offset: Offset
     source_id: SourceId
     source: Text
     note: Text = ""
+    delta: bool = False
 
 
 class Refuse(_Message, frozen=True):
@@ -75,7 +81,7 @@ class Ack(_Message, frozen=True):
     digest: Hex256
 
 
-class End(_Message, frozen=True):
+class End(_Message, frozen=True, omit_defaults=True):
     """The last record: what was sent since ACCEPT, and the whole-volume digest."""
 
     data_records: Count
@@ -83,6 +89,8 @@ class End(_Message, frozen=True):
     data_bytes: Count
     zero_bytes: Count
     digest: Hex256
+    keep_records: Count = 0
+    keep_bytes: Count = 0
 
 
 class Fail(_Message, frozen=True):

@@ -23,6 +23,13 @@ class TransferMetrics:
             ["node", "role"],
             registry=registry,
         )
+        self.keep_bytes = Counter(
+            "topolvm_transfer_keep_bytes",
+            "Bytes of volume covered by KEEP records (a delta copy's ranges the target holds "
+            "already): not sent, not written.",
+            ["node", "role"],
+            registry=registry,
+        )
         self.active = Gauge(
             "topolvm_transfer_copies_active",
             "Copies running now.",
@@ -60,11 +67,13 @@ class TransferMetrics:
             registry=registry,
         )
 
-    def moved(self, role: str, data: int, zero: int) -> None:
+    def moved(self, role: str, data: int, zero: int, keep: int = 0) -> None:
         if data:
             self.data_bytes.labels(self.node, role).inc(data)
         if zero:
             self.zero_bytes.labels(self.node, role).inc(zero)
+        if keep:
+            self.keep_bytes.labels(self.node, role).inc(keep)
 
     def job(self, lv: str, done: int, total: int, rate: float) -> None:
         self.progress.labels(self.node, lv).set(done)

@@ -3,6 +3,11 @@ worker thread): :class:`RecordSource` reads a volume by its plan into DATA and Z
 :class:`RecordSink` checks and writes them. Across the network the server frames a source's
 records and the client feeds a sink (:mod:`.server`, :mod:`.client`); on one node a source
 feeds a sink directly (:func:`copy_local`).
+
+A delta copy fills a target that holds a base already (an earlier copy of it): the source
+reads the base too wherever its plan reads, and what equals the base travels as a KEEP record
+that the sink leaves alone; what differs travels as DATA, or ZERO, which the sink then writes
+as zeros whatever the target (it holds the base's bytes there).
 """
 
 from __future__ import annotations
@@ -34,11 +39,30 @@ class Counts:
     zero_records: int = 0
     data_bytes: int = 0
     zero_bytes: int = 0
+    keep_records: int = 0
+    keep_bytes: int = 0
 
     def end(self, final: bytes) -> messages.End:
         return messages.End(data_records=self.data_records, zero_records=self.zero_records,
                             data_bytes=self.data_bytes, zero_bytes=self.zero_bytes,
+                            keep_records=self.keep_records, keep_bytes=self.keep_bytes,
                             digest=final.hex())  # fmt: skip
+
+    def add(self, kind: wire.Kind, length: int) -> None:
+        if kind is wire.Kind.DATA:
+            self.data_records += 1
+            self.data_bytes += length
+        elif kind is wire.Kind.ZERO:
+            self.zero_records += 1
+            self.zero_bytes += length
+        else:
+            self.keep_records += 1
+            self.keep_bytes += length
+
+
+def _totals(end: messages.End) -> tuple[int, ...]:
+    return (end.data_records, end.zero_records, end.keep_records, end.data_bytes, end.zero_bytes,
+            end.keep_bytes)  # fmt: skip
 
 
 class Throttle:
@@ -68,7 +92,11 @@ class RecordSource:
     """Reads ``volume`` along ``pieces`` (from :mod:`.plan`, starting at ``start``) and yields
     DATA and ZERO records, feeding the digest chain as it goes; zero runs are joined. A DATA
     record's payload is a view of one page-aligned buffer (read with ``O_DIRECT``), valid until
-    the next record."""
+    the next record.
+
+    With a ``base`` (a delta copy) every piece read is read from the base too, at the same
+    offset: one equal to it becomes a KEEP record, as do the plan's KEEP pieces; KEEP runs are
+    joined like zero runs."""
 
     volume: Volume
     size: int
@@ -76,38 +104,61 @@ class RecordSource:
     start: int = 0
     state: bytes | None = None
     counts: Counts = field(default_factory=Counts)
+    base: Volume | None = None
 
     def __post_init__(self) -> None:
         self.digest = digest.VolumeDigest(self.size, self.start, self.state)
         self._view = aligned(wire.SEGMENT)
+        self._base_view = aligned(wire.SEGMENT) if self.base is not None else self._view[:0]
+
+    def _kind(self, piece: plan.Piece) -> wire.Kind:
+        """What ``piece`` travels as; a DATA piece's bytes are in the buffer."""
+        if piece.keep:
+            if self.base is None:
+                raise ValueError(f"KEEP piece {piece.offset}+{piece.length} without a base")
+            return wire.Kind.KEEP
+        if not piece.read:
+            return wire.Kind.ZERO
+        payload = self._view[: piece.length]
+        self.volume.read_into(payload, piece.offset)
+        if self.base is not None:
+            other = self._base_view[: piece.length]
+            self.base.read_into(other, piece.offset)
+            if payload == other:
+                return wire.Kind.KEEP
+        return wire.Kind.ZERO if payload == _ZEROS[: piece.length] else wire.Kind.DATA
 
     def records(self) -> Iterator[Record]:
-        zero_from, zero_to = self.start, self.start
+        run, run_from, run_to = wire.Kind.ZERO, self.start, self.start
         for piece in self.pieces:
-            payload = self._view[: piece.length]
-            if piece.read:
-                self.volume.read_into(payload, piece.offset)
-            if piece.read and payload != _ZEROS[: piece.length]:
-                if zero_to > zero_from:
-                    yield self._zero(zero_from, zero_to)
+            kind = self._kind(piece)
+            end = piece.offset + piece.length
+            if kind is wire.Kind.DATA:
+                if run_to > run_from:
+                    yield self._run(run, run_from, run_to)
+                payload = self._view[: piece.length]
                 self.digest.feed_data(piece.offset, payload)
-                self.counts.data_records += 1
-                self.counts.data_bytes += piece.length
+                self.counts.add(kind, piece.length)
                 yield wire.Kind.DATA, piece.offset, piece.length, payload
-                zero_from = zero_to = piece.offset + piece.length
+                run_from = run_to = end
                 continue
-            zero_to = piece.offset + piece.length
-            if zero_to - zero_from >= ZERO_RUN:
-                yield self._zero(zero_from, zero_to)
-                zero_from = zero_to
-        if zero_to > zero_from:
-            yield self._zero(zero_from, zero_to)
+            if kind is not run and run_to > run_from:
+                yield self._run(run, run_from, run_to)
+                run_from = run_to
+            run, run_to = kind, end
+            if run_to - run_from >= ZERO_RUN:
+                yield self._run(run, run_from, run_to)
+                run_from = run_to
+        if run_to > run_from:
+            yield self._run(run, run_from, run_to)
 
-    def _zero(self, begin: int, end: int) -> Record:
-        self.digest.feed_zero(begin, end - begin)
-        self.counts.zero_records += 1
-        self.counts.zero_bytes += end - begin
-        return wire.Kind.ZERO, begin, end - begin, self._view[:0]
+    def _run(self, kind: wire.Kind, begin: int, end: int) -> Record:
+        if kind is wire.Kind.ZERO:
+            self.digest.feed_zero(begin, end - begin)
+        else:
+            self.digest.feed_keep(begin, end - begin)
+        self.counts.add(kind, end - begin)
+        return kind, begin, end - begin, self._view[:0]
 
     def end(self) -> messages.End:
         return self.counts.end(self.digest.final())
@@ -125,7 +176,10 @@ class RecordSink:
 
     A thin target skips zeros, so it must read as zeros where this copy does not write: true of
     a new volume (``fresh``). One that an earlier attempt wrote into, copied again from the
-    start (its source changed, or its checkpoint was refused), is discarded first."""
+    start (its source changed, or its checkpoint was refused), is discarded first.
+
+    A ``delta`` copy's target holds the base: it is never discarded, every ZERO range is
+    written (as on a thick target), and KEEP ranges are left as they are."""
 
     volume: Volume
     size: int
@@ -137,15 +191,16 @@ class RecordSink:
     counts: Counts = field(default_factory=Counts)
     on_progress: Callable[[int], None] = lambda position: None
     fresh: bool = True
+    delta: bool = False
 
     def __post_init__(self) -> None:
         self.grid = plan.grid(self.chunk)
         if self.start % self.grid and self.start != self.size:
             raise ValueError(f"a copy resumes at a multiple of {self.grid}, not {self.start}")
-        if self.chunk and self.start == 0 and not self.fresh:
+        if self.chunk and self.start == 0 and not self.fresh and not self.delta:
             self.volume.discard(self.target_size)
         self.digest = digest.VolumeDigest(self.size, self.start, self.state)
-        self.sparse = SparseTarget(self.chunk, self.start)
+        self.sparse = SparseTarget(0 if self.delta else self.chunk, self.start)
         self._last_offset = self.start
         self._last_time = time.monotonic()
 
@@ -172,24 +227,35 @@ class RecordSink:
         self._expect(wire.Kind.DATA, offset, len(payload))
         self._apply(self.sparse.data(offset, len(payload)), payload)
         self.digest.feed_data(offset, payload)
-        self.counts.data_records += 1
-        self.counts.data_bytes += len(payload)
+        self.counts.add(wire.Kind.DATA, len(payload))
         self._maybe_checkpoint()
 
     def zero(self, offset: int, length: int) -> None:
-        self._expect(wire.Kind.ZERO, offset, length)
-        self.counts.zero_records += 1
-        self.counts.zero_bytes += length
+        self._run(wire.Kind.ZERO, offset, length)
+
+    def keep(self, offset: int, length: int) -> None:
+        """A delta's range the target holds already: nothing is written."""
+        if not self.delta:
+            raise ProtocolError(f"KEEP at {offset} in a copy that is not a delta")
+        self._run(wire.Kind.KEEP, offset, length)
+
+    def _run(self, kind: wire.Kind, offset: int, length: int) -> None:
+        self._expect(kind, offset, length)
+        self.counts.add(kind, length)
         end = offset + length
         while self.position < end:
-            # a long zero run passes checkpoints: stop at the next grid boundary when one is due
+            # a long run passes checkpoints: stop at the next grid boundary when one is due
             step_end = min(end, self.position + ZERO_RUN)
             if self._due():
                 boundary = (self.position // self.grid + 1) * self.grid
                 step_end = min(step_end, boundary)
             n = step_end - self.position
-            self._apply(self.sparse.zero(self.position, n), memoryview(b""))
-            self.digest.feed_zero(self.position, n)
+            if kind is wire.Kind.ZERO:
+                self._apply(self.sparse.zero(self.position, n), memoryview(b""))
+                self.digest.feed_zero(self.position, n)
+            else:
+                self.sparse.keep(self.position, n)
+                self.digest.feed_keep(self.position, n)
             self._maybe_checkpoint()
 
     def _due(self) -> bool:
@@ -212,9 +278,7 @@ class RecordSink:
         if self.position != self.size:
             raise ProtocolError(f"END at {self.position} of {self.size} bytes")
         got = since_start.end(self.digest.final())
-        if (got.data_records, got.zero_records, got.data_bytes, got.zero_bytes) != (
-            sent.data_records, sent.zero_records, sent.data_bytes, sent.zero_bytes
-        ):  # fmt: skip
+        if _totals(got) != _totals(sent):
             raise ProtocolError(f"END counts {sent} differ from what arrived {got}")
         if got.digest != sent.digest:
             raise DigestMismatch(
@@ -236,6 +300,8 @@ def copy_local(
         if kind is wire.Kind.DATA:
             throttle.take(length, stop)
             sink.data(offset, payload)
+        elif kind is wire.Kind.KEEP:
+            sink.keep(offset, length)
         else:
             sink.zero(offset, length)
     return sink.end(source.end(), sink.counts)

@@ -1,10 +1,14 @@
-"""What the sender reads (pure): the volume from a start offset as READ and ZERO pieces.
+"""What the sender reads (pure): the volume from a start offset as READ, ZERO and KEEP pieces.
 
 A thin source is read only where its pool maps blocks (``mapped``: sorted ``(offset, length)``
 byte ranges from lvmd, at the pool's chunk granularity); its unmapped ranges read as zeros and
 travel as ZERO records without being read. A thick source has no map and is read whole; the
 sender turns each read that is all zeros into a ZERO record. READ pieces never cross a segment
 boundary, so each becomes one DATA record.
+
+A delta copy (``delta``) sends what differs from a base the receiver holds already: only the
+ranges where a thin source maps other blocks than its base (``changed``) are read; the rest
+are KEEP pieces, left as the receiver has them.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ from topolvm.transfer.wire import SEGMENT
 
 @dataclass(frozen=True)
 class Piece:
-    read: bool  # False: zeros, not read
+    read: bool  # False: zeros (or, with ``keep``, the receiver's bytes), not read
     offset: int
     length: int
+    keep: bool = False  # a delta's range the receiver holds already: neither read nor sent
 
 
 def grid(chunk: int) -> int:
@@ -45,6 +50,18 @@ def full(size: int, start: int = 0) -> Iterator[Piece]:
 def mapped(size: int, ranges: Iterable[tuple[int, int]], start: int = 0) -> Iterator[Piece]:
     """The mapped ``ranges`` from ``start`` as READ pieces, the gaps between them as ZERO.
     Ranges must be sorted and must not overlap; parts past ``size`` are dropped."""
+    return _split(size, ranges, start, keep=False)
+
+
+def delta(size: int, changed: Iterable[tuple[int, int]], start: int = 0) -> Iterator[Piece]:
+    """The ``changed`` ranges from ``start`` as READ pieces, the gaps between them as KEEP.
+    Ranges must be sorted and must not overlap; parts past ``size`` are dropped."""
+    return _split(size, changed, start, keep=True)
+
+
+def _split(
+    size: int, ranges: Iterable[tuple[int, int]], start: int, *, keep: bool
+) -> Iterator[Piece]:
     pos = start
     last_end = 0
     for offset, length in ranges:
@@ -55,11 +72,11 @@ def mapped(size: int, ranges: Iterable[tuple[int, int]], start: int = 0) -> Iter
         if begin >= end:
             continue
         if begin > pos:
-            yield Piece(False, pos, begin - pos)
+            yield Piece(False, pos, begin - pos, keep)
         yield from _reads(begin, end)
         pos = end
     if pos < size:
-        yield Piece(False, pos, size - pos)
+        yield Piece(False, pos, size - pos, keep)
 
 
 def merge(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -8,6 +8,10 @@ against the job the sender authorised (the same source, a segment boundary insid
 and, while this process remembers the job, no further than it sent and with the digest chain it
 computed there); one that fails a check starts over from zero rather than trusting it.
 
+A job with a base (a delta copy, :class:`~.jobs.Job`) reads the base too: a thin source only
+where lvmd says its blocks differ from the base's, anything else wholly, compared with the
+base; what is equal travels as KEEP records (:mod:`.pipeline`).
+
 The handshake, the stream and the receiver's acknowledgements run in worker threads on
 blocking sockets (no event-loop hop per record); the loop only accepts, authorises and keeps
 count. Handshakes have threads of their own and one deadline for the TLS handshake and the
@@ -26,6 +30,7 @@ import socket
 import ssl
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,6 +93,30 @@ def _checked(
         if known is not None and known != state:
             return 0, None, f"checkpoint {offset} does not match what was sent there"
     return offset, state, ""
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What a stream reads: ``source``, along ``ranges`` (a thin source's mapped ranges, or
+    with a ``base`` those that differ from it; None: every range), compared with ``base``."""
+
+    source: VolumeInfo
+    ranges: list[tuple[int, int]] | None = None
+    base: VolumeInfo | None = None
+
+    def pieces(self, start: int) -> Iterator[plan.Piece]:
+        size = self.source.size
+        if self.ranges is None:
+            return plan.full(size, start)
+        split = plan.delta if self.base is not None else plan.mapped
+        return split(size, self.ranges, start)
+
+    def kind(self) -> str:
+        if not self.source.thin:
+            return "thick" if self.base is None else "thick, compared block by block"
+        if self.ranges is None:
+            return "thin, whole" if self.base is None else "thin, compared block by block"
+        return "thin, its mapped blocks" if self.base is None else "thin, its changed blocks"
 
 
 def _shut(raw: socket.socket) -> None:
@@ -249,11 +278,8 @@ class TransferServer:
         self, conn: Conn, job: Job, resume: messages.Resume | None, stop: threading.Event,
         ctx: dict[str, Any],
     ) -> None:  # fmt: skip
-        try:
-            info = await self.volumes.describe(job.volume, job.device_class, with_uuid=True)
-            mapped = await self.volumes.mapped(job.volume, job.device_class) if info.thin else None
-        except TransferError as e:
-            raise Refused("unavailable", f"the source cannot be read now: {e}") from e
+        reading = await self._reading(job)
+        info = reading.source
         memory = self._memory.get(job.uid)
         if memory is not None and memory.source_id != info.uuid:
             memory = None
@@ -269,21 +295,15 @@ class TransferServer:
         self._memory.move_to_end(job.uid)
         while len(self._memory) > REMEMBERED_JOBS:
             self._memory.popitem(last=False)
-        kind = (
-            "thin, its mapped blocks"
-            if mapped is not None
-            else "thick"
-            if not info.thin
-            else "thin, whole"
-        )
-        described = f"{job.source} on {self.node} ({kind})"
+        delta = f", delta against {job.base}" if job.base else ""
+        described = f"{job.source} on {self.node}{delta} ({reading.kind()})"
         accept = messages.Accept(size=info.size, offset=start, source_id=info.uuid,
-                                 source=described, note=note)  # fmt: skip
+                                 source=described, note=note, delta=bool(job.base))  # fmt: skip
         log.info(
             "transfer accepted", extra={**ctx, "offset": start, "size": info.size, "note": note}
         )
         future = asyncio.get_running_loop().run_in_executor(
-            self._pool, self._stream, conn, info, mapped, accept, state, memory, stop
+            self._pool, self._stream, conn, reading, accept, state, memory, stop
         )
         self.metrics.active.labels(self.node, "sender").inc()
         result = "failed"
@@ -298,20 +318,40 @@ class TransferServer:
             self.metrics.active.labels(self.node, "sender").dec()
             self.metrics.finished.labels(self.node, "sender", result).inc()
 
+    async def _reading(self, job: Job) -> Reading:
+        dc = job.device_class
+        try:
+            info = await self.volumes.describe(job.volume, dc, with_uuid=True)
+            base = await self.volumes.describe(job.base, dc) if job.base else None
+        except TransferError as e:
+            raise Refused("unavailable", f"the source cannot be read now: {e}") from e
+        if base is not None and base.size != info.size:
+            raise Refused("invalid", f"the delta's base {job.base} has {base.size} bytes, "
+                                     f"the source {job.volume} {info.size}")  # fmt: skip
+        try:
+            if base is None:
+                mapped = await self.volumes.mapped(job.volume, dc) if info.thin else None
+                return Reading(info, mapped)
+            both = info.thin and base.thin
+            changed = await self.volumes.changed(job.volume, job.base, dc) if both else None
+        except TransferError as e:
+            raise Refused("unavailable", f"the source cannot be read now: {e}") from e
+        return Reading(info, changed, base)
+
     def _stream(
-        self, conn: Conn, info: VolumeInfo, mapped: list[tuple[int, int]] | None,
-        accept: messages.Accept, state: bytes | None, memory: JobMemory, stop: threading.Event,
+        self, conn: Conn, reading: Reading, accept: messages.Accept, state: bytes | None,
+        memory: JobMemory, stop: threading.Event,
     ) -> None:  # fmt: skip
+        info = reading.source
         volume: Volume | None = None
+        base: Volume | None = None
         try:
             volume = Volume(info.path, writable=False)
+            if reading.base is not None:
+                base = Volume(reading.base.path, writable=False)
             start = accept.offset
-            pieces = (
-                plan.mapped(info.size, mapped, start)
-                if mapped is not None
-                else plan.full(info.size, start)
-            )
-            source = RecordSource(volume, info.size, pieces, start, state)
+            source = RecordSource(volume, info.size, reading.pieces(start), start, state,
+                                  base=base)  # fmt: skip
             source.digest.on_boundary = memory.passed
             conn.send_message(accept)
             throttle = Throttle(self.limits.bandwidth)
@@ -325,7 +365,8 @@ class TransferServer:
                     self.metrics.moved("sender", length, 0)
                 else:
                     conn.send(wire.pack_header(kind, offset, length, b""))
-                    self.metrics.moved("sender", 0, length)
+                    keep = kind is wire.Kind.KEEP
+                    self.metrics.moved("sender", 0, 0 if keep else length, length if keep else 0)
                 while conn.readable():
                     self._acknowledged(conn, memory, scratch)
             conn.send_message(source.end())
@@ -341,8 +382,9 @@ class TransferServer:
                 raise
             raise SourceFailed(f"reading {info.path}: {e}") from e
         finally:
-            if volume is not None:
-                volume.close()
+            for opened in (volume, base):
+                if opened is not None:
+                    opened.close()
 
     @staticmethod
     def _acknowledged(conn: Conn, memory: JobMemory, scratch: memoryview) -> int:

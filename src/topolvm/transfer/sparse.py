@@ -7,6 +7,9 @@ chunk granularity: a chunk that gets any write is allocated whole, and with zero
 skipped only where it covers chunks that get no write at all; inside a chunk that is written,
 its zeros are written too.
 
+A delta copy's target holds older data: it is written as a thick one (``chunk`` 0), and its
+KEEP ranges are left as they are.
+
 Records arrive in increasing offset order; each call returns the operations to perform.
 """
 
@@ -67,6 +70,12 @@ class SparseTarget:
             ops.append(Op(True, offset, written - offset))
             self._skipped_from = written
         return ops
+
+    def keep(self, offset: int, length: int) -> list[Op]:
+        """A range the target holds already (a delta's KEEP): nothing to write."""
+        self._expect(offset, length)
+        self.position = self._skipped_from = offset + length
+        return []
 
     def finish(self, target_size: int) -> list[Op]:
         """After the last record: a thin target larger than the source gets the rest of the

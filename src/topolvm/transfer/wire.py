@@ -7,8 +7,9 @@ Every frame is a 36-byte header and a payload::
 
 big-endian. ``checksum`` is XXH3-64 of the first 28 header bytes and the payload, so a flipped
 bit in an offset is caught as surely as one in the data. ``offset`` and ``length`` are the
-volume range a DATA or ZERO record covers (a ZERO record has no payload); control frames
-(HELLO, ACCEPT, REFUSE, ACK, END, FAIL) carry a JSON payload (:mod:`.messages`) and zero in both.
+volume range a DATA, ZERO or KEEP record covers (ZERO and KEEP have no payload: zeros, and, in a
+delta copy, bytes the receiver holds already and leaves as they are); control frames (HELLO,
+ACCEPT, REFUSE, ACK, END, FAIL) carry a JSON payload (:mod:`.messages`) and zero in both.
 """
 
 from __future__ import annotations
@@ -41,9 +42,12 @@ class Kind(enum.IntEnum):
     END = 6
     ACK = 7
     FAIL = 8
+    KEEP = 9
 
 
 CONTROL = frozenset({Kind.HELLO, Kind.ACCEPT, Kind.REFUSE, Kind.END, Kind.ACK, Kind.FAIL})
+RECORDS = frozenset({Kind.DATA, Kind.ZERO, Kind.KEEP})
+_EMPTY = frozenset({Kind.ZERO, Kind.KEEP})  # a volume range without a payload
 
 
 def _checksum(head: bytes | memoryview, payload: bytes | memoryview) -> int:
@@ -83,9 +87,7 @@ class Header:
             raise ProtocolError(f"unknown frame kind {kind}") from None
         if flags or reserved:
             raise ProtocolError(f"unsupported frame flags {flags:#x}/{reserved:#x}")
-        limit = (
-            SEGMENT if self.kind is Kind.DATA else (0 if self.kind is Kind.ZERO else MAX_CONTROL)
-        )
+        limit = SEGMENT if self.kind is Kind.DATA else (0 if self.kind in _EMPTY else MAX_CONTROL)
         if payload_len > limit:
             raise ProtocolError(f"{self.kind.name} payload of {payload_len} bytes (max {limit})")
         if self.kind in CONTROL and (offset or length):
@@ -97,8 +99,8 @@ class Header:
                 raise ProtocolError(f"DATA covers {length} bytes but carries {payload_len}")
             if offset // SEGMENT != (offset + length - 1) // SEGMENT:
                 raise ProtocolError(f"DATA {offset}+{length} crosses a segment boundary")
-        if self.kind is Kind.ZERO and length == 0:
-            raise ProtocolError("ZERO record of no bytes")
+        if self.kind in _EMPTY and length == 0:
+            raise ProtocolError(f"{self.kind.name} record of no bytes")
         self._raw = bytes(raw[: _HEAD.size])
         self.offset, self.length, self.payload_len = offset, length, payload_len
         (self.checksum,) = _CHECK.unpack_from(raw, _HEAD.size)

@@ -1,0 +1,214 @@
+"""What ``topolvm move`` and ``topolvm drain`` read and write, through :mod:`topolvm.k8s.api`
+(objects as the API's JSON; errors are :mod:`topolvm.k8s.errors`)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from lightkube import ALL_NS, AsyncClient
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
+
+from topolvm.constants import Names
+from topolvm.k8s import api
+from topolvm.k8s import errors as kube
+from topolvm.k8s.moveobject import PLURAL, VolumeMoveObject, manifest
+from topolvm.move.rules import Refused, uses_claim
+from topolvm.ops.preflight import (
+    Facts,
+    Obj,
+    copy_rates,
+    find_lv,
+    free_bytes,
+    schedulable_nodes,
+)
+
+PVC = create_namespaced_resource("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims")
+PV = create_global_resource("", "v1", "PersistentVolume", "persistentvolumes")
+POD = create_namespaced_resource("", "v1", "Pod", "pods")
+NODE = create_global_resource("", "v1", "Node", "nodes")
+STORAGE_CLASS = create_global_resource("storage.k8s.io", "v1", "StorageClass", "storageclasses")
+REPLICA_SET = create_namespaced_resource("apps", "v1", "ReplicaSet", "replicasets")
+DEPLOYMENT = create_namespaced_resource("apps", "v1", "Deployment", "deployments")
+PDB = create_namespaced_resource("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets")
+DELETE_WAIT = 30.0  # seconds a finished VolumeMove may take to go before a new one replaces it
+
+
+class CannotCheck(Exception):
+    """The cluster could not be read or written as needed (exit code 2)."""
+
+
+def default_kubeconfig() -> str | None:
+    """kubectl's order: $KUBECONFIG (its first file), ~/.kube/config; None: in-cluster."""
+    if os.environ.get("KUBECONFIG"):
+        return os.environ["KUBECONFIG"].split(os.pathsep)[0]
+    home = os.path.expanduser("~/.kube/config")
+    return home if os.path.exists(home) else None
+
+
+def move_resource(names: Names) -> Any:
+    """The namespaced VolumeMove resource of ``names.group``."""
+    return api.volumemove_resource(names)
+
+
+def name_of(obj: Obj) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")
+
+
+@dataclass
+class Common:
+    """What every claim's pre-flight shares: nodes, LogicalVolumes, StorageClasses."""
+
+    nodes: list[Obj]
+    lvs: list[Obj]
+    storage_classes: dict[str, Obj]
+
+    def device_class(self, pvc: Obj | None, lv: Obj | None, names: Names) -> str:
+        """The claim's device class ("" is the default): its LogicalVolume's, as the
+        controller reads it, else its StorageClass's parameter."""
+        if lv is not None:
+            return str((lv.get("spec") or {}).get("deviceClass") or "")
+        sc = self.storage_classes.get(str(((pvc or {}).get("spec") or {}).get("storageClassName")))
+        return str(((sc or {}).get("parameters") or {}).get(names.device_class_param) or "")
+
+
+async def read_common(client: AsyncClient, names: Names) -> Common:
+    async def lvs() -> list[Obj]:
+        try:
+            return (await api.list_all(client, api.logicalvolume_resource(names)))[0]
+        except kube.NotFound:  # no LogicalVolume CRD: no volume, no measured rate
+            return []
+
+    nodes, volumes, classes = await asyncio.gather(
+        api.list_all(client, NODE), lvs(), api.list_all(client, STORAGE_CLASS)
+    )
+    return Common(nodes[0], volumes, {name_of(sc): sc for sc in classes[0]})
+
+
+async def replicaset_owners(
+    client: AsyncClient, namespace: str, pods: Iterable[Obj]
+) -> dict[str, tuple[str, str, int]]:
+    """ReplicaSet → (its controller's kind, name, Deployment's ``spec.replicas``) for the
+    ReplicaSets that control ``pods`` (see :func:`topolvm.move.rules.workload`)."""
+    wanted = {
+        str(ref.get("name"))
+        for pod in pods
+        for ref in (pod.get("metadata") or {}).get("ownerReferences") or []
+        if ref.get("controller") and ref.get("kind") == "ReplicaSet"
+    }
+    out: dict[str, tuple[str, str, int]] = {}
+    for rs_name in sorted(wanted):
+        rs = await api.get(client, REPLICA_SET, rs_name, namespace=namespace)
+        refs = ((rs or {}).get("metadata") or {}).get("ownerReferences") or []
+        owner = next((r for r in refs if r.get("controller")), None)
+        if owner is None:
+            continue  # rules.workload reads it as a bare ReplicaSet
+        kind, name = str(owner.get("kind") or ""), str(owner.get("name") or "")
+        replicas = 0
+        if kind == "Deployment":
+            deploy = await api.get(client, DEPLOYMENT, name, namespace=namespace)
+            if deploy is None:
+                continue  # orphaned: nothing re-creates its pod for a Deployment
+            value = (deploy.get("spec") or {}).get("replicas")
+            replicas = 1 if value is None else int(value)  # the API's default is 1
+        out[rs_name] = (kind, name, replicas)
+    return out
+
+
+async def claim_facts(
+    client: AsyncClient, names: Names, common: Common, namespace: str, claim: str,
+    *, pvc: Obj | None = None, pods: list[Obj] | None = None,
+    existing: VolumeMoveObject | None = None, read_existing: bool = True,
+) -> Facts:  # fmt: skip
+    """Read what the pre-flight of ``namespace/claim`` needs; what the caller has read
+    already (``pvc``, the namespace's ``pods``, with ``read_existing=False`` the ``existing``
+    VolumeMove of the claim) is not read again."""
+    if pvc is None:
+        pvc = await api.get(client, PVC, claim, namespace=namespace)
+    volume = str(((pvc or {}).get("spec") or {}).get("volumeName") or "")
+    pv = await api.get(client, PV, volume) if volume else None
+    if pods is None:
+        pods = (await api.list_all(client, POD, namespace=namespace))[0]
+    if read_existing:
+        raw = await api.get(client, move_resource(names), claim, namespace=namespace)
+        existing = None if raw is None else VolumeMoveObject.from_dict(raw)
+    users = [p for p in pods if uses_claim(p, claim)]
+    lv = find_lv(common.lvs, pv)
+    dc = common.device_class(pvc, lv, names)
+    return Facts(
+        namespace=namespace, claim=claim, pvc=pvc, pv=pv, pods=pods,
+        replicaset_owner=await replicaset_owners(client, namespace, users), device_class=dc,
+        free=free_bytes(common.nodes, names, dc), schedulable=schedulable_nodes(common.nodes),
+        lv=lv, rates=copy_rates(common.lvs),
+        existing=existing,
+    )  # fmt: skip
+
+
+async def list_moves(client: AsyncClient, names: Names) -> dict[str, VolumeMoveObject]:
+    """Every VolumeMove by ``namespace/name`` (none when its CRD is not installed)."""
+    try:
+        items, _ = await api.list_all(client, move_resource(names), namespace=ALL_NS)
+    except kube.NotFound:
+        return {}
+    moves = (VolumeMoveObject.from_dict(o) for o in items)
+    return {f"{m.namespace}/{m.name}": m for m in moves}
+
+
+async def get_move(
+    client: AsyncClient, names: Names, namespace: str, name: str
+) -> VolumeMoveObject | None:
+    raw = await api.get(client, move_resource(names), name, namespace=namespace)
+    return None if raw is None else VolumeMoveObject.from_dict(raw)
+
+
+async def start_move(
+    client: AsyncClient, names: Names, namespace: str, claim: str, target: str = "",
+    *, replace_done: bool = False,
+) -> VolumeMoveObject:  # fmt: skip
+    """Create the VolumeMove of ``claim``. With ``replace_done`` a finished VolumeMove of the
+    claim (same name) is deleted first. Refused when one is in progress (a race with another
+    client); CannotCheck when the VolumeMove CRD is not installed."""
+    res = move_resource(names)
+    if replace_done:
+        old = await get_move(client, names, namespace, claim)
+        if old is not None and not old.done:
+            raise Refused(
+                "MoveInProgress", f"a move of claim {claim} is in progress: phase "
+                f"{old.status.phase}"
+            )  # fmt: skip
+        if old is not None:
+            await api.delete(client, res, claim, namespace=namespace)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + DELETE_WAIT
+            while await api.get(client, res, claim, namespace=namespace) is not None:
+                if loop.time() > deadline:
+                    raise Refused(
+                        "MoveInProgress", f"the finished VolumeMove of claim {claim} is still "
+                        "being deleted: try again once it is gone"
+                    )  # fmt: skip
+                await asyncio.sleep(0.5)
+    body = manifest(names.group, namespace, claim, target)
+    try:
+        created = await api.create(client, res.from_dict(body))
+    except kube.AlreadyExists:
+        current = await get_move(client, names, namespace, claim)
+        phase = current.status.phase if current is not None else "unknown"
+        raise Refused(
+            "MoveInProgress", f"a move of claim {claim} is in progress: phase {phase}"
+        ) from None
+    except kube.NotFound as e:
+        raise CannotCheck(
+            f"the VolumeMove resource ({PLURAL}.{names.group}) is not served: install or "
+            f"upgrade TopoLVM's CRDs ({e})"
+        ) from e
+    return VolumeMoveObject.from_dict(created)
+
+
+async def set_cordon(client: AsyncClient, node: str, cordoned: bool) -> None:
+    """Cordon (``spec.unschedulable: true``) or uncordon ``node``."""
+    await api.patch_merge(
+        client, NODE, node, {"spec": {"unschedulable": True if cordoned else None}}
+    )

@@ -1,0 +1,192 @@
+"""The pre-flight of a move (pure): what the cluster says about one claim (:class:`Facts`)
+becomes a :class:`Plan` or a :class:`~topolvm.move.rules.Refused`, by the checks of
+:mod:`topolvm.move.rules` that topolvm-controller makes again before it starts the move."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from topolvm.capacity_annotations import parse_node_value
+from topolvm.constants import Names
+from topolvm.k8s.lvobject import InvalidQuantity, LogicalVolumeObject, parse_quantity
+from topolvm.k8s.moveobject import VolumeMoveObject
+from topolvm.move import rules
+from topolvm.move.rules import Estimate, Refused
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the pre-flight of one claim reads (the API's JSON)."""
+
+    namespace: str
+    claim: str
+    pvc: Obj | None
+    pv: Obj | None
+    pods: list[Obj]  # of the claim's namespace
+    replicaset_owner: Mapping[str, tuple[str, str, int]]  # see rules.workload
+    device_class: str
+    free: Mapping[str, int]  # TopoLVM nodes' free bytes in the device class
+    schedulable: frozenset[str]
+    lv: Obj | None  # the claim's LogicalVolume
+    rates: list[int] = field(default_factory=list)  # status.copy.bytesPerSecond seen
+    existing: VolumeMoveObject | None = None  # the VolumeMove named after the claim
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A move the pre-flight let through: from where to where, what travels, how long the
+    pod is down."""
+
+    namespace: str
+    claim: str
+    pod: str
+    owner: str  # Kind/name
+    pod_labels: Mapping[str, str]
+    source: str
+    target: str
+    requested: bool  # the target was asked for (--to); else it has the most free bytes
+    target_free: int
+    size: int
+    device_class: str
+    estimate: Estimate
+    replaces: str = ""  # phase of a finished VolumeMove of the claim that is replaced
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.claim}"
+
+
+def free_bytes(nodes: Iterable[Obj], names: Names, device_class: str) -> dict[str, int]:
+    """Node → free bytes of ``device_class``, for nodes whose topolvm-node reports it (the
+    ``capacity.<plugin>/<class>`` annotation); unreadable values are left out."""
+    key = names.capacity_annotation(device_class)
+    out: dict[str, int] = {}
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        value = (meta.get("annotations") or {}).get(key)
+        if value is None:
+            continue
+        parsed = parse_node_value(str(value))
+        if parsed is not None:
+            out[str(meta.get("name"))] = parsed
+    return out
+
+
+def is_ready(node: Obj) -> bool:
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def schedulable_nodes(nodes: Iterable[Obj]) -> frozenset[str]:
+    """Nodes that are neither cordoned (``spec.unschedulable``) nor not Ready."""
+    return frozenset(
+        str((n.get("metadata") or {}).get("name"))
+        for n in nodes
+        if not (n.get("spec") or {}).get("unschedulable") and is_ready(n)
+    )
+
+
+def copy_rates(lvs: Iterable[Obj]) -> list[int]:
+    """``status.copy.bytesPerSecond`` of this cluster's copies (the estimate's measured rates)."""
+    rates = []
+    for lv in lvs:
+        rate = (((lv.get("status") or {}).get("copy") or {}).get("bytesPerSecond")) or 0
+        if isinstance(rate, int) and not isinstance(rate, bool) and rate > 0:
+            rates.append(rate)
+    return rates
+
+
+def find_lv(lvs: Iterable[Obj], pv: Obj | None) -> Obj | None:
+    """The LogicalVolume of ``pv``: its ``status.volumeID`` is the PV's CSI volume handle."""
+    handle = (((pv or {}).get("spec") or {}).get("csi") or {}).get("volumeHandle")
+    if not handle:
+        return None
+    for lv in lvs:
+        if (lv.get("status") or {}).get("volumeID") == handle:
+            return lv
+    return None
+
+
+def volume_size(lv: Obj | None, pv: Obj | None) -> int:
+    """Bytes of the volume: its LogicalVolume's current size (else its size), as the
+    controller reads it; else the PersistentVolume's capacity; 0 when none says."""
+    if lv is not None:
+        try:
+            view = LogicalVolumeObject.from_dict(lv)
+            return view.current_size or view.size
+        except (InvalidQuantity, KeyError, TypeError, ValueError):
+            pass
+    storage = (((pv or {}).get("spec") or {}).get("capacity") or {}).get("storage")
+    try:
+        return parse_quantity(storage) if storage is not None else 0
+    except InvalidQuantity:
+        return 0
+
+
+def check_existing(claim: str, existing: VolumeMoveObject | None) -> str:
+    """Refuses while a move of ``claim`` goes on; returns the phase of a finished one (which
+    a new move replaces: VolumeMoves are named after their claim), or ""."""
+    if existing is None:
+        return ""
+    if existing.deleting:
+        raise Refused(
+            "MoveInProgress", f"the VolumeMove of claim {claim} is being deleted: try again "
+            "once it is gone"
+        )  # fmt: skip
+    if not existing.done:
+        detail = f" ({existing.status.message})" if existing.status.message else ""
+        raise Refused(
+            "MoveInProgress",
+            f"a move of claim {claim} is in progress: phase {existing.status.phase}{detail}",
+        )
+    return existing.status.phase
+
+
+def check_volume(lv: Obj | None, pv: Obj) -> None:
+    """The claim's LogicalVolume exists and is ready (the controller copies from it)."""
+    if lv is None:
+        handle = ((pv.get("spec") or {}).get("csi") or {}).get("volumeHandle") or ""
+        raise Refused("NoLogicalVolume", f"no LogicalVolume has volume id {handle}")
+    try:
+        view = LogicalVolumeObject.from_dict(lv)
+    except (InvalidQuantity, KeyError, TypeError, ValueError) as e:
+        raise Refused("SourceNotReady", f"LogicalVolume is malformed: {e}") from None
+    if not view.ready or view.deleting:
+        raise Refused("SourceNotReady", f"LogicalVolume {view.name} is not ready")
+
+
+def preflight(facts: Facts, names: Names, requested: str = "") -> Plan:
+    """The move of ``facts.claim`` to ``requested`` (or the node with the most free bytes);
+    raises :class:`Refused` as topolvm-controller would."""
+    claim = facts.claim
+    rules.check_claim(claim, facts.pvc, facts.pv, names.plugin)
+    assert facts.pv is not None  # check_claim refuses a claim without one
+    replaces = check_existing(claim, facts.existing)
+    source = rules.source_node(facts.pv, names.topology_key)
+    if not source:
+        pv_name = (facts.pv.get("metadata") or {}).get("name")
+        raise Refused(
+            "NoSourceNode", f"claim {claim}'s volume {pv_name} has no {names.topology_key} "
+            "node affinity: its node is unknown"
+        )  # fmt: skip
+    work = rules.workload(claim, facts.pods, facts.replicaset_owner)
+    check_volume(facts.lv, facts.pv)
+    size = volume_size(facts.lv, facts.pv)
+    target = rules.target_node(
+        source, size, facts.free, facts.schedulable, requested, facts.device_class
+    )
+    labels = {}
+    for pod in facts.pods:
+        if (pod.get("metadata") or {}).get("name") == work.pod:
+            labels = dict((pod.get("metadata") or {}).get("labels") or {})
+    return Plan(
+        namespace=facts.namespace, claim=claim, pod=work.pod,
+        owner=f"{work.owner_kind}/{work.owner}", pod_labels=labels, source=source,
+        target=target, requested=bool(requested), target_free=facts.free.get(target, 0),
+        size=size, device_class=facts.device_class, estimate=rules.estimate(size, facts.rates),
+        replaces=replaces,
+    )  # fmt: skip

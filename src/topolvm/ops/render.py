@@ -1,0 +1,93 @@
+"""What ``topolvm move`` and ``topolvm drain`` print (pure)."""
+
+from __future__ import annotations
+
+from topolvm.k8s.moveobject import MovePhase, MoveStatus, VolumeMoveObject
+from topolvm.move.rules import Estimate, Refused
+from topolvm.ops.preflight import Plan
+
+SUCCEEDED, FAILED = 0, 1
+
+
+def human(n: int) -> str:
+    """Bytes in binary units, one decimal (``1.5 GiB``)."""
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def refusal_line(command: str, refused: Refused) -> str:
+    return f"topolvm {command}: refused ({refused.reason}): {refused.message}"
+
+
+def follow_hint(namespace: str) -> str:
+    return f"the move goes on; follow it with kubectl get volumemoves -n {namespace}"
+
+
+def device_class_name(device_class: str) -> str:
+    return f"device class {device_class}" if device_class else "the default device class"
+
+
+def why_target(plan: Plan) -> str:
+    if plan.requested:
+        return f"requested with --to; {human(plan.target_free)} free"
+    return f"most free bytes in {device_class_name(plan.device_class)}: {human(plan.target_free)}"
+
+
+def downtime_text(est: Estimate) -> str:
+    how = "measured" if est.measured else "assumed"
+    return (
+        f"about {est.downtime_seconds:.0f} s (final copy of ~{human(est.delta_bytes)} at "
+        f"{human(est.rate)}/s, {how}, plus the pod's stop and start)"
+    )
+
+
+def dry_run_text(plan: Plan) -> str:
+    """What ``topolvm move --dry-run`` says it would do."""
+    lines = [
+        f"would move claim {plan.key} (used by pod {plan.pod} of {plan.owner})",
+        f"  from node {plan.source} to node {plan.target} ({why_target(plan)})",
+        f"  data: at most {human(plan.size)} ({plan.size} bytes, the volume's size; zero and "
+        "unwritten blocks do not travel), most of it while the pod runs",
+        f"  downtime: {downtime_text(plan.estimate)}",
+    ]
+    if plan.replaces:
+        lines.append(f"  the finished VolumeMove {plan.key} ({plan.replaces}) would be replaced")
+    lines.append("dry run: nothing was changed")
+    return "\n".join(lines) + "\n"
+
+
+def percent(done: int, total: int) -> float | None:
+    """Progress of the copy in hand, 0-100; None when there is no copy to measure."""
+    if total <= 0:
+        return None
+    return max(0.0, min(100.0, 100.0 * done / total))
+
+
+def progress_line(status: MoveStatus, prefix: str = "") -> str:
+    """One line for a phase change: ``[prefix] Phase [42%]: message``."""
+    pct = percent(status.done_bytes, status.total_bytes)
+    share = f" {pct:.0f}%" if pct is not None and status.phase not in MovePhase.DONE else ""
+    message = f": {status.message}" if status.message else ""
+    head = f"{prefix} " if prefix else ""
+    return f"{head}{status.phase}{share}{message}"
+
+
+def outcome(move: VolumeMoveObject) -> tuple[str, int]:
+    """The last words on a finished move and the exit code (0 only for Succeeded)."""
+    s = move.status
+    claim = f"{move.namespace}/{move.claim or move.name}"
+    if s.phase == MovePhase.SUCCEEDED:
+        return (
+            f"moved claim {claim} from node {s.source_node or '?'} to node "
+            f"{s.target_node or '?'}: downtime {s.downtime_seconds} s; "
+            f"{human(s.precopy_bytes)} pre-copied, {human(s.delta_bytes)} in the final copy",
+            SUCCEEDED,
+        )
+    if s.phase == MovePhase.ROLLED_BACK:
+        where = f"; the claim stays on node {s.source_node}" if s.source_node else ""
+        return f"move of claim {claim} rolled back ({s.reason}): {s.message}{where}", FAILED
+    if s.phase == MovePhase.REFUSED:
+        return f"move of claim {claim} refused ({s.reason}): {s.message}", FAILED
+    return f"move of claim {claim} is not done: phase {s.phase}", FAILED

@@ -1,0 +1,100 @@
+"""Helpers of the move tests (docs/mobility.md, "Move"): a StatefulSet whose pod writes a
+numbered log without pause, the pod webhook that holds pods of a claim being moved, and the
+wait for a VolumeMove to end."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from lightkube import AsyncClient
+from lightkube.resources.admissionregistration_v1 import MutatingWebhookConfiguration
+
+from devtools.testbed.controlplane import ControlPlane
+from tests.cluster_fixtures import unique
+from tests.cluster_webhook_helpers import configuration, webhook
+from tests.helpers import eventually
+from tests.provisioning import NS, busybox
+from topolvm.constants import NORMAL
+from topolvm.k8s import api
+from topolvm.k8s.moveobject import MovePhase, VolumeMoveObject, manifest
+
+# one numbered line at a time, each synced; on SIGTERM a last line "stop N", synced
+WRITER = (
+    "i=$(wc -l < /data/log 2>/dev/null || echo 0); trap 'echo stop $i >> /data/log; sync; "
+    "exit 0' TERM; while true; do echo $i >> /data/log; sync; i=$((i+1)); sleep 0.02 & wait; "
+    "done"
+)
+
+
+def writer_set(name: str, sc: str, size: str = "1Gi") -> dict[str, Any]:
+    """A one-replica StatefulSet (claim ``data-<name>-0``) whose pod writes without pause."""
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "replicas": 1, "serviceName": name, "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "terminationGracePeriodSeconds": 10, "automountServiceAccountToken": False,
+                    "containers": [{
+                        "name": "writer", "image": busybox(), "command": ["sh", "-c", WRITER],
+                        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                    }],
+                },
+            },
+            "volumeClaimTemplates": [{
+                "metadata": {"name": "data"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": sc,
+                         "resources": {"requests": {"storage": size}}},
+            }],
+        },
+    }  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def move_webhook(cp: ControlPlane, client: AsyncClient) -> AsyncIterator[None]:
+    """topolvm-controller's pod webhook for the tests' namespace (it holds the pods of a claim
+    being moved with a scheduling gate)."""
+    async with webhook(cp, client, marker_mode=False, configure=False) as hook:
+        name = unique("move-hook")
+        await api.create(client, MutatingWebhookConfiguration.from_dict(
+            configuration(name, NS, hook.port)))  # fmt: skip
+        try:
+            yield
+        finally:
+            await api.delete(client, MutatingWebhookConfiguration, name)
+
+
+async def start_move(client: AsyncClient, claim: str, target: str = "") -> None:
+    res = api.volumemove_resource(NORMAL)
+    await api.create(client, res.from_dict(manifest(NORMAL.group, NS, claim, target)))
+
+
+async def move_done(client: AsyncClient, claim: str, timeout: float = 300) -> VolumeMoveObject:
+    res = api.volumemove_resource(NORMAL)
+    seen: list[str] = []
+
+    async def done() -> VolumeMoveObject | None:
+        obj = await api.get(client, res, claim, namespace=NS)
+        if obj is None:
+            return None
+        vm = VolumeMoveObject.from_dict(obj)
+        if not seen or seen[-1] != vm.status.phase:
+            seen.append(vm.status.phase)
+        return vm if vm.status.phase in MovePhase.DONE else None
+
+    def details() -> str:
+        return f"phases seen: {seen}"
+
+    moved: VolumeMoveObject = await eventually(
+        f"the move of {claim}", done, timeout=timeout, details=details
+    )
+    return moved
+
+
+async def delete_move(client: AsyncClient, claim: str) -> None:
+    await api.delete(client, api.volumemove_resource(NORMAL), claim, namespace=NS)
