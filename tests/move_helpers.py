@@ -12,7 +12,7 @@ from lightkube import AsyncClient
 from lightkube.resources.admissionregistration_v1 import MutatingWebhookConfiguration
 
 from devtools.testbed.controlplane import ControlPlane
-from tests.cluster_fixtures import unique
+from tests.cluster_fixtures import GROUP_LABEL, unique
 from tests.cluster_webhook_helpers import configuration, webhook
 from tests.helpers import eventually
 from tests.provisioning import NS, busybox
@@ -28,8 +28,9 @@ WRITER = (
 )
 
 
-def writer_set(name: str, sc: str, size: str = "1Gi") -> dict[str, Any]:
-    """A one-replica StatefulSet (claim ``data-<name>-0``) whose pod writes without pause."""
+def writer_set(name: str, sc: str, group: str, size: str = "1Gi") -> dict[str, Any]:
+    """A one-replica StatefulSet (claim ``data-<name>-0``) whose pod writes without pause, on
+    a node of ``group``."""
     labels = {"app": name}
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
@@ -40,6 +41,7 @@ def writer_set(name: str, sc: str, size: str = "1Gi") -> dict[str, Any]:
                 "metadata": {"labels": labels},
                 "spec": {
                     "terminationGracePeriodSeconds": 10, "automountServiceAccountToken": False,
+                    "nodeSelector": {GROUP_LABEL: group},
                     "containers": [{
                         "name": "writer", "image": busybox(), "command": ["sh", "-c", WRITER],
                         "volumeMounts": [{"name": "data", "mountPath": "/data"}],

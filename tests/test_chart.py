@@ -299,7 +299,11 @@ def test_controller_rbac_covers_the_pinned_sidecars_own_rbac(binary: str) -> Non
 def test_both_crds_are_rendered_and_never_deleted_by_helm() -> None:
     for mode in (None, "legacy"):
         crds = kinds(render(mode), "CustomResourceDefinition")
-        assert set(crds) == {"logicalvolumes.topolvm.io", "logicalvolumes.topolvm.cybozu.com"}
+        assert set(crds) == {
+            f"{plural}.{group}"
+            for plural in ("logicalvolumes", "volumemoves")
+            for group in ("topolvm.io", "topolvm.cybozu.com")
+        }
         for crd in crds.values():
             assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     extra = kinds(render(None, ("crd.annotations.example\\.com/x=y",)), "CustomResourceDefinition")

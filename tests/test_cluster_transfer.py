@@ -278,7 +278,7 @@ async def test_a_statefulset_claim_moves_to_another_node_losing_no_write(abc: Sc
     pod_name, claim_name = f"{name}-0", f"data-{name}-0"
     s.claims.append(claim_name)
     async with move_webhook(s.cp, s.client):
-        s.cp.apply(writer_set(name, thin))
+        s.cp.apply(writer_set(name, thin, s.group))
         try:
             await s.running(pod_name)
             first = await api.get(s.client, Pod, pod_name, namespace=NS)
