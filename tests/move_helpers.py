@@ -12,7 +12,7 @@ from lightkube import AsyncClient
 from lightkube.resources.admissionregistration_v1 import MutatingWebhookConfiguration
 
 from devtools.testbed.controlplane import ControlPlane
-from tests.cluster_fixtures import GROUP_LABEL, unique
+from tests.cluster_fixtures import GROUP_LABEL
 from tests.cluster_webhook_helpers import configuration, webhook
 from tests.helpers import eventually
 from tests.provisioning import NS, busybox
@@ -60,15 +60,19 @@ def writer_set(name: str, sc: str, group: str, size: str = "1Gi") -> dict[str, A
 @contextlib.asynccontextmanager
 async def move_webhook(cp: ControlPlane, client: AsyncClient) -> AsyncIterator[None]:
     """topolvm-controller's pod webhook for the tests' namespace (it holds the pods of a claim
-    being moved with a scheduling gate)."""
+    being moved with a scheduling gate): the configuration carries the hook's name, so that
+    its certificate checks write the caBundle into it."""
     async with webhook(cp, client, marker_mode=False, configure=False) as hook:
-        name = unique("move-hook")
         await api.create(client, MutatingWebhookConfiguration.from_dict(
-            configuration(name, NS, hook.port)))  # fmt: skip
-        try:
-            yield
-        finally:
-            await api.delete(client, MutatingWebhookConfiguration, name)
+            configuration(hook.ns, NS, hook.port)))  # fmt: skip
+
+        async def trusted() -> bool:
+            obj = await api.get(client, MutatingWebhookConfiguration, hook.ns)
+            hooks = (obj or {}).get("webhooks") or [{}]
+            return bool((hooks[0].get("clientConfig") or {}).get("caBundle"))
+
+        await eventually("the move webhook's caBundle", trusted)
+        yield  # the hook's exit deletes the configuration
 
 
 async def start_move(client: AsyncClient, claim: str, target: str = "") -> None:

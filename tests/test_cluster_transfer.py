@@ -291,6 +291,7 @@ async def test_a_statefulset_claim_moves_to_another_node_losing_no_write(abc: Sc
             await start_move(s.client, claim_name, target)
             vm = await move_done(s.client, claim_name)
             assert vm.status.phase == MovePhase.SUCCEEDED, vm.status
+            print(f"move: {vm.status.message}")  # the numbers, for the record
             assert vm.status.source_node == source and vm.status.target_node == target
             await s.running(pod_name)
             moved = await api.get(s.client, Pod, pod_name, namespace=NS)
