@@ -12,6 +12,12 @@ whose ``spec.copy.source`` is a volume on node A; the clock runs from its creati
 2. A thin LV of the same size, 10% written, copied from A to B, against the thick copy of
    step 1. Target: its time / the thick copy's <= 0.2; the bytes metric shows what travelled.
 3. CPU seconds per GiB copied, of topolvm-node on the sender and on the receiver.
+4. A move's downtime (docs/mobility.md, "Move"): a thin LV of the same size, written whole,
+   pre-copied to B as a move does (``spec.copy.keepCut``); then 10% of it is written again (as
+   an application goes on during the pre-copy) and the final copy (``spec.copy.round: 2``)
+   sends what changed. Its time, against a full copy of the same volume (the peers' way: the
+   workload stopped for the whole copy). Target: <= 0.2. The pod's stop and start, the same in
+   both ways, are not in either time (the cluster test prints a move's whole downtime).
 
 Results go to ``.cache/bench/transfer.json``. The bench prints whether the targets are met;
 it never fails on them.
@@ -42,7 +48,7 @@ THIN = {"name": "thin", "volume-group": VG, "type": "thin", "spare-gb": 0,
         "thin-pool": {"name": "pool0", "overprovision-ratio": 5.0}}  # fmt: skip
 WORKDIR = gobuild.ROOT / ".cache" / "bench" / "transfer-run"
 RESULTS = gobuild.ROOT / ".cache" / "bench" / "transfer.json"
-TARGETS = {"thick_vs_dd": 0.7, "thin10_vs_thick": 0.2}
+TARGETS = {"thick_vs_dd": 0.7, "thin10_vs_thick": 0.2, "move_final_vs_full": 0.2}
 
 
 def guest_seconds(node: UmlNode, script: str) -> float:
@@ -65,13 +71,17 @@ class Copies:
         self.cp, self.a, self.b = cp, a, b
         self.n = 0
 
-    def _lv(self, node: UmlNode, size: int, dc: str, copy_source: str = "") -> str:
+    def _lv(
+        self, node: UmlNode, size: int, dc: str, copy_source: str = "", keep_cut: bool = False
+    ) -> str:
         self.n += 1
         name = f"bench-{self.n}"
         spec: dict[str, Any] = {"name": name, "nodeName": node.name, "size": str(size),
                                 "deviceClass": dc}  # fmt: skip
         if copy_source:
             spec["copy"] = {"source": copy_source}
+            if keep_cut:
+                spec["copy"]["keepCut"] = True
         self.cp.apply({"apiVersion": "topolvm.io/v1", "kind": "LogicalVolume",
                        "metadata": {"name": name}, "spec": spec})  # fmt: skip
         return name
@@ -107,14 +117,45 @@ class Copies:
         name = self._lv(self.a, size, dc)
         return name, str(self.wait(name, done=False)["volumeID"])
 
-    def copy(self, source: str, size: int, dc: str) -> tuple[float, dict[str, Any], str]:
+    def copy(
+        self, source: str, size: int, dc: str, keep_cut: bool = False
+    ) -> tuple[float, dict[str, Any], str]:
         """Seconds from the target's creation until its copy is done, its status, its name."""
-        self.a.exec("sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches")
-        self.b.exec("sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches")
+        self._drop_caches()
         started = time.monotonic()
-        name = self._lv(self.b, size, dc, copy_source=source)
+        name = self._lv(self.b, size, dc, copy_source=source, keep_cut=keep_cut)
         status = self.wait(name, done=True)
         return time.monotonic() - started, status, name
+
+    def _drop_caches(self) -> None:
+        self.a.exec("sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches")
+        self.b.exec("sh", "-c", "sync; echo 3 > /proc/sys/vm/drop_caches")
+
+    def final_copy(self, name: str) -> tuple[float, dict[str, Any]]:
+        """A move's round 2 of target ``name``: seconds until it is done, its status."""
+        self._drop_caches()
+        started = time.monotonic()
+        self.cp.kubectl("patch", "logicalvolumes.topolvm.io", name, "--type=merge",
+                        "-p", '{"spec":{"copy":{"round":2}}}')  # fmt: skip
+        status = asyncio.run(self._wait_round(name))
+        return time.monotonic() - started, status
+
+    async def _wait_round(self, name: str) -> dict[str, Any]:
+        from topolvm.constants import NORMAL
+        from topolvm.k8s import api
+
+        client = api.make_client(str(self.cp.kubeconfig))
+        try:
+            while True:
+                obj = await api.get(client, api.logicalvolume_resource(NORMAL), name) or {}
+                copy = (obj.get("status") or {}).get("copy") or {}
+                if copy.get("round") == 2 and copy.get("phase") == "Done":
+                    return dict(obj["status"])
+                if copy.get("phase") == "Failed":
+                    raise HarnessError(f"{name}'s final copy failed: {copy.get('message')}")
+                await asyncio.sleep(0.05)
+        finally:
+            await client.close()
 
     def delete(self, name: str) -> None:
         self.cp.kubectl("delete", "logicalvolumes.topolvm.io", name, "--timeout=120s")
@@ -177,6 +218,29 @@ def measure(cp: ControlPlane, a: UmlNode, b: UmlNode, size: int, rounds: int) ->
     }
 
 
+def measure_move(cp: ControlPlane, a: UmlNode, b: UmlNode, size: int) -> dict[str, Any]:
+    copies = Copies(cp, a, b)
+    source, source_id = copies.volume(size, "thin")
+    a.exec("dd", "if=/dev/urandom", f"of=/dev/{VG}/{source_id}", "bs=1M",
+           f"count={size // MiB}", "oflag=direct", timeout=1800)  # fmt: skip
+    pre_s, pre, target = copies.copy(source, size, "thin", keep_cut=True)
+    for i in range(size // 10 // MiB):  # the application goes on: 1 MiB of every 10 again
+        a.exec("dd", "if=/dev/urandom", f"of=/dev/{VG}/{source_id}", "bs=1M", f"seek={i * 10}",
+               "count=1", "oflag=direct", "conv=notrunc")  # fmt: skip
+    final_s, final = copies.final_copy(target)
+    copies.delete(target)
+    full_s, full, other = copies.copy(source, size, "thin")
+    copies.delete(other)
+    print(f"move: pre-copy {pre_s:.2f} s, final copy {final_s:.2f} s; a full copy {full_s:.2f} s",
+          flush=True)  # fmt: skip
+    return {
+        "precopy_seconds": pre_s, "final_copy_seconds": final_s, "full_copy_seconds": full_s,
+        "precopy_transferred_bytes": int(pre["copy"].get("transferredBytes", 0)),
+        "final_transferred_bytes": int(final["copy"].get("transferredBytes", 0)),
+        "full_transferred_bytes": int(full["copy"].get("transferredBytes", 0)),
+    }  # fmt: skip
+
+
 def report(results: dict[str, Any]) -> None:
     r = results["ratios"]
     size = results["size_bytes"]
@@ -196,6 +260,10 @@ def report(results: dict[str, Any]) -> None:
     cpu = results["cpu_seconds_per_gib"]
     print(f"  CPU s/GiB: sender {cpu['sender']:.2f}, receiver {cpu['receiver']:.2f}")
     print(f"  thin 10%: {results['thin10_transferred_bytes'] / size:.1%} of the volume moved")
+    move = results["move"]
+    print(f"  move: final copy {move['final_copy_seconds']:.2f} s sent "
+          f"{move['final_transferred_bytes'] / size:.1%} of the volume; a full copy "
+          f"{move['full_copy_seconds']:.2f} s")  # fmt: skip
 
 
 def main() -> int:
@@ -224,7 +292,13 @@ def main() -> int:
                 node.start_topolvm_node(cp, [THICK, THIN])
                 nodes.append(node)
             print("control plane and two UML nodes up", flush=True)
-            return measure(cp, nodes[0], nodes[1], size, args.rounds)
+            results = measure(cp, nodes[0], nodes[1], size, args.rounds)
+            move = measure_move(cp, nodes[0], nodes[1], size)
+            results["move"] = move
+            results["ratios"]["move_final_vs_full"] = (
+                move["final_copy_seconds"] / move["full_copy_seconds"]
+            )
+            return results
 
     print("starting the control plane and two UML nodes ...", flush=True)
     results, status = run_kept(WORKDIR, run)

@@ -4,8 +4,9 @@ wait for a VolumeMove to end."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from lightkube import AsyncClient
@@ -28,7 +29,9 @@ WRITER = (
 )
 
 
-def writer_set(name: str, sc: str, group: str, size: str = "1Gi") -> dict[str, Any]:
+def writer_set(
+    name: str, sc: str, group: str, size: str = "1Gi", replicas: int = 1
+) -> dict[str, Any]:
     """A one-replica StatefulSet (claim ``data-<name>-0``) whose pod writes without pause, on
     a node of ``group``."""
     labels = {"app": name}
@@ -36,7 +39,8 @@ def writer_set(name: str, sc: str, group: str, size: str = "1Gi") -> dict[str, A
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {"name": name, "namespace": NS},
         "spec": {
-            "replicas": 1, "serviceName": name, "selector": {"matchLabels": labels},
+            "replicas": replicas, "serviceName": name, "selector": {"matchLabels": labels},
+            "podManagementPolicy": "Parallel",
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
@@ -104,3 +108,48 @@ async def move_done(client: AsyncClient, claim: str, timeout: float = 300) -> Vo
 
 async def delete_move(client: AsyncClient, claim: str) -> None:
     await api.delete(client, api.volumemove_resource(NORMAL), claim, namespace=NS)
+
+
+async def phase_of(client: AsyncClient, claim: str) -> str:
+    obj = await api.get(client, api.volumemove_resource(NORMAL), claim, namespace=NS)
+    return VolumeMoveObject.from_dict(obj).status.phase if obj is not None else ""
+
+
+async def at_phases(
+    client: AsyncClient, claim: str, act: dict[str, Callable[[], None]], timeout: float = 300
+) -> list[str]:
+    """Run ``act[phase]`` once when the move of ``claim`` is seen in that phase (polled every
+    0.1 s), until the move is done; the phases acted in, in order."""
+    acted: list[str] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        phase = await phase_of(client, claim)
+        if phase in act and phase not in acted:
+            acted.append(phase)
+            await asyncio.to_thread(act[phase])
+        if phase in MovePhase.DONE:
+            return acted
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the move of {claim} did not end; faults made in {acted}")
+
+
+def check_log(lines: list[str], written_before: int) -> None:
+    """The writer's log holds every number up to its stop, then "stop N" (no write lost). N is
+    the next number, or the last one written when SIGTERM came before its increment."""
+    stop = next(i for i, line in enumerate(lines) if line.startswith("stop "))
+    assert lines[:stop] == [str(i) for i in range(stop)], "a write was lost"
+    assert lines[stop] in (f"stop {stop}", f"stop {stop - 1}"), lines[stop - 2 : stop + 2]
+    assert stop > written_before, (stop, written_before)
+
+
+def budget(name: str, app: str, min_available: int) -> dict[str, Any]:
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"minAvailable": min_available,
+                     "selector": {"matchLabels": {"app": app}}}}  # fmt: skip
+
+
+async def moves_now(client: AsyncClient) -> list[VolumeMoveObject]:
+    items, _ = await api.list_all(client, api.volumemove_resource(NORMAL), namespace=NS)
+    return [VolumeMoveObject.from_dict(o) for o in items]

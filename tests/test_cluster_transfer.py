@@ -6,14 +6,16 @@ their TLS transfer ports, authenticated with the nodes' ServiceAccount tokens.""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Node, Pod
 
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import DriverStack
@@ -22,7 +24,18 @@ from tests.cluster_fixtures import unique
 from tests.doctor_helpers import about, doctor
 from tests.helpers import eventually
 from tests.lvm_fixtures import THICK, THIN
-from tests.move_helpers import delete_move, move_done, move_webhook, start_move, writer_set
+from tests.move_helpers import (
+    at_phases,
+    budget,
+    check_log,
+    delete_move,
+    move_done,
+    move_webhook,
+    moves_now,
+    phase_of,
+    start_move,
+    writer_set,
+)
 from tests.provisioning import NS, GiB, Scenario, claim, events_for, pvc, shared_nodes
 from tests.transfer_helpers import (
     MiB,
@@ -38,7 +51,7 @@ from tests.transfer_helpers import (
 )
 from topolvm.k8s import api
 from topolvm.k8s.lvobject import CopyPhase
-from topolvm.k8s.moveobject import MovePhase
+from topolvm.k8s.moveobject import MovePhase, VolumeMoveObject
 
 pytestmark = pytest.mark.cluster
 
@@ -272,47 +285,177 @@ async def test_a_statefulset_claim_moves_to_another_node_losing_no_write(abc: Sc
     """The pod writes a numbered, synced log without pause through the pre-copy; on the target
     the log holds every line written up to the pod's stop (its last line "stop N" too), a
     file written before the move is intact, and the old volume is gone."""
+    async with _writer(abc) as w:
+        await start_move(abc.client, w.claim, w.target)
+        vm = await move_done(abc.client, w.claim)
+        assert vm.status.phase == MovePhase.SUCCEEDED, vm.status
+        print(f"move: {vm.status.message}")  # the numbers, for the record
+        await w.check(vm)
+        # the final copy sent what changed since the pre-copy, not the volume again
+        assert 0 < vm.status.delta_bytes < vm.status.precopy_bytes
+        assert vm.status.downtime_seconds > 0
+
+
+async def test_a_move_survives_crashes_at_every_step(abc: Scenario, driver: DriverStack) -> None:
+    """topolvm-controller SIGKILLed in every step of a move; the source's topolvm-node in the
+    pre-copy, the target's in the final copy; then a second move whose target loses power
+    in its pre-copy: each move ends, moved or rolled back, with every write in place."""
+    s = abc
+    async with _writer(s) as w:
+        source = next(n for n in s.nodes if n.name == w.source)
+        target = next(n for n in s.nodes if n.name == w.target)
+
+        def controller() -> None:
+            driver.kill_controller()
+            driver.restart_after_crash()
+
+        def node(n: UmlNode) -> Callable[[], None]:
+            def kill() -> None:
+                n.signal("topolvm-node", "SIGKILL", wait=10)
+                n.respawn("topolvm-node")
+                controller()
+
+            return kill
+
+        await start_move(s.client, w.claim, w.target)
+        acted = await at_phases(s.client, w.claim, {
+            MovePhase.PRE_COPY: node(source), MovePhase.STOPPING: controller,
+            MovePhase.FINAL_COPY: node(target), MovePhase.SWAPPING: controller,
+            MovePhase.STARTING: controller,
+        })  # fmt: skip
+        vm = await move_done(s.client, w.claim)
+        assert vm.status.phase == MovePhase.SUCCEEDED, (acted, vm.status)
+        assert len(acted) >= 4, acted  # the steps seen (one may pass between two polls)
+        await w.check(vm)
+
+        # back to the first node, its target powered off and on in the pre-copy
+        await delete_move(s.client, w.claim)
+        await eventually("the finished move deleted", lambda: _no_move(s, w.claim))
+        before = [x for x in s.exec(w.pod, "cat /data/log").split("\n") if x]
+        await start_move(s.client, w.claim, w.source)
+
+        def power_cut() -> None:
+            source.power_cycle()
+
+        acted = await at_phases(s.client, w.claim, {MovePhase.PRE_COPY: power_cut})
+        vm = await move_done(s.client, w.claim, timeout=420)
+        assert vm.status.phase in (MovePhase.SUCCEEDED, MovePhase.ROLLED_BACK), vm.status
+        await s.running(w.pod, timeout=300)
+        after = s.exec(w.pod, "cat /data/log").split("\n")
+        assert after[: len(before)] == before, "a write was lost"
+
+
+async def test_a_drain_moves_every_claim_within_the_disruption_budget(abc: Scenario) -> None:
+    """Two StatefulSets, three claims, all on one node; a PodDisruptionBudget lets one pod of
+    the two-replica set down at a time. ``topolvm drain`` (two moves at once) cordons the node,
+    moves the three claims off it, never two of that set's pods down together, and leaves the
+    node cordoned."""
     s = abc
     thin = s.sc(device_class="thin", fs_type="xfs")
-    name = unique("mv")
-    pod_name, claim_name = f"{name}-0", f"data-{name}-0"
-    s.claims.append(claim_name)
+    drained, *others = s.nodes
+    pair, single, pdb = unique("dx"), unique("dy"), unique("pdb")
+    pods = [f"{pair}-0", f"{pair}-1", f"{single}-0"]
+    claims_ = [f"data-{p}" for p in pods]
+    s.claims.extend(claims_)
     async with move_webhook(s.cp, s.client):
-        s.cp.apply(writer_set(name, thin, s.group))
+        for n in others:  # the pods are placed while only the drained node takes them
+            s.cp.kubectl("cordon", n.name)
         try:
-            await s.running(pod_name)
-            first = await api.get(s.client, Pod, pod_name, namespace=NS)
-            assert first is not None
-            source = first["spec"]["nodeName"]
-            target = next(n.name for n in s.nodes if n.name != source)
-            blob = s.exec(pod_name, "head -c 48m /dev/urandom > /data/blob; sync; "
-                          "sha256sum /data/blob")  # fmt: skip
-            written = int(s.exec(pod_name, "wc -l < /data/log"))
-            await start_move(s.client, claim_name, target)
-            vm = await move_done(s.client, claim_name)
-            assert vm.status.phase == MovePhase.SUCCEEDED, vm.status
-            print(f"move: {vm.status.message}")  # the numbers, for the record
-            assert vm.status.source_node == source and vm.status.target_node == target
-            await s.running(pod_name)
-            moved = await api.get(s.client, Pod, pod_name, namespace=NS)
-            assert moved is not None and moved["spec"]["nodeName"] == target
-            lines = s.exec(pod_name, "cat /data/log").split("\n")
-            stop = next(i for i, line in enumerate(lines) if line.startswith("stop "))
-            assert lines[:stop] == [str(i) for i in range(stop)], "a write was lost"
-            assert lines[stop] == f"stop {stop}" and stop > written
-            assert s.exec(pod_name, "sha256sum /data/blob") == blob
-            # the final copy sent what changed since the pre-copy, not the volume again
-            assert 0 < vm.status.delta_bytes < vm.status.precopy_bytes
-            assert vm.status.downtime_seconds > 0
-            res = api.logicalvolume_resource(s.names)
-            await eventually(
-                "the old LogicalVolume gone",
-                lambda: _gone(s, res, vm.status.source_volume),
-            )
+            s.cp.apply(writer_set(pair, thin, s.group, replicas=2),
+                       writer_set(single, thin, s.group), budget(pdb, pair, 1))  # fmt: skip
+            for p in pods:
+                await s.running(p)
         finally:
-            s.cp.kubectl("delete", "statefulset", name, "-n", NS, "--wait=true", check=False)
-            await delete_move(s.client, claim_name)
+            for n in others:
+                s.cp.kubectl("uncordon", n.name)
+        try:
+            down_together = 0
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "topolvm", "drain", drained.name, "--max-parallel=2",
+                f"--kubeconfig={s.cp.kubeconfig}", "--timeout=10m",
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            )  # fmt: skip
+            while proc.returncode is None:
+                moves = await moves_now(s.client)
+                down = [m for m in moves if m.claim.startswith(f"data-{pair}-")
+                        and m.status.phase in MovePhase.DOWN]  # fmt: skip
+                down_together = max(down_together, len(down))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(proc.wait(), 0.2)
+            out = (await proc.stdout.read()).decode() if proc.stdout else ""
+            assert proc.returncode == 0, out
+            assert down_together == 1, out
+            done = {m.claim: m for m in await moves_now(s.client)}
+            for c in claims_:
+                assert done[c].status.phase == MovePhase.SUCCEEDED, done[c].status
+            for p in pods:
+                await s.running(p)
+                obj = await api.get(s.client, Pod, p, namespace=NS)
+                assert obj is not None and obj["spec"]["nodeName"] != drained.name
+            node = await api.get(s.client, Node, drained.name)
+            assert node is not None and node["spec"].get("unschedulable") is True
+        finally:
+            s.cp.kubectl("uncordon", drained.name, check=False)
+            s.cp.kubectl("delete", "statefulset", pair, single, "-n", NS, "--wait=true",
+                         check=False)  # fmt: skip
+            s.cp.kubectl("delete", "pdb", pdb, "-n", NS, check=False)
+            for c in claims_:
+                await delete_move(s.client, c)
+
+
+class _Writer:
+    def __init__(self, s: Scenario, name: str) -> None:
+        self.s = s
+        self.name = name
+        self.pod, self.claim = f"{name}-0", f"data-{name}-0"
+        self.source = self.target = self.blob = ""
+        self.written = 0
+
+    async def start(self) -> None:
+        s = self.s
+        await s.running(self.pod)
+        first = await api.get(s.client, Pod, self.pod, namespace=NS)
+        assert first is not None
+        self.source = first["spec"]["nodeName"]
+        self.target = next(n.name for n in s.nodes if n.name != self.source)
+        self.blob = s.exec(self.pod, "head -c 48m /dev/urandom > /data/blob; sync; "
+                           "sha256sum /data/blob")  # fmt: skip
+        self.written = int(s.exec(self.pod, "wc -l < /data/log"))
+
+    async def check(self, vm: VolumeMoveObject) -> None:
+        """Moved: the pod runs on the target with every write and the blob; the old LV gone."""
+        s = self.s
+        assert vm.status.source_node == self.source and vm.status.target_node == self.target
+        await s.running(self.pod)
+        moved = await api.get(s.client, Pod, self.pod, namespace=NS)
+        assert moved is not None and moved["spec"]["nodeName"] == self.target
+        check_log(s.exec(self.pod, "cat /data/log").split("\n"), self.written)
+        assert s.exec(self.pod, "sha256sum /data/blob") == self.blob
+        res = api.logicalvolume_resource(s.names)
+        await eventually(
+            "the old LogicalVolume gone", lambda: _gone(s, res, vm.status.source_volume)
+        )
+
+
+@contextlib.asynccontextmanager
+async def _writer(s: Scenario) -> AsyncIterator[_Writer]:
+    """A writing StatefulSet on a thin claim, with the move webhook; all removed after."""
+    thin = s.sc(device_class="thin", fs_type="xfs")
+    w = _Writer(s, unique("mv"))
+    s.claims.append(w.claim)
+    async with move_webhook(s.cp, s.client):
+        s.cp.apply(writer_set(w.name, thin, s.group))
+        try:
+            await w.start()
+            yield w
+        finally:
+            s.cp.kubectl("delete", "statefulset", w.name, "-n", NS, "--wait=true", check=False)
+            await delete_move(s.client, w.claim)
 
 
 async def _gone(s: Scenario, res: Any, name: str) -> bool:
     return await api.get(s.client, res, name) is None
+
+
+async def _no_move(s: Scenario, claim: str) -> bool:
+    return not await phase_of(s.client, claim)
