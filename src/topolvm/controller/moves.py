@@ -42,6 +42,7 @@ from topolvm.k8s.lvstore import LogicalVolumeStore, VolumeRequest
 from topolvm.k8s.moveobject import KIND, MovePhase, MoveStatus, VolumeMoveObject
 from topolvm.k8s.runtime import Controller, Informer, ReconcileError, Result, object_key
 from topolvm.move import claims, rules
+from topolvm.units import human
 
 log = logging.getLogger(__name__)
 CONTROLLER_NAME = "volumemove"
@@ -181,7 +182,7 @@ class MoveReconciler:
         precopied = target.copy.transferred_bytes if target.copy else 0
         return replace(
             s, **progress, phase=MovePhase.STOPPING, stop_time=now(), precopy_bytes=precopied,
-            message=f"pre-copy done ({movesteps.human(precopied)} sent); stopping pod {s.pod}",
+            message=f"pre-copy done ({human(precopied)} sent); stopping pod {s.pod}",
         )  # fmt: skip
 
     async def _stopping(self, vm: VolumeMoveObject) -> MoveStatus:
@@ -209,7 +210,7 @@ class MoveReconciler:
         return replace(
             s, **progress, phase=MovePhase.SWAPPING, swap_time=now(), delta_bytes=delta,
             claim_template=s.claim_template or template,
-            message=f"final copy done ({movesteps.human(delta)} sent); re-creating claim "
+            message=f"final copy done ({human(delta)} sent); re-creating claim "
             f"{vm.claim} on volume {s.target_volume}",
         )  # fmt: skip
 
@@ -232,8 +233,8 @@ class MoveReconciler:
         return replace(
             s, phase=MovePhase.SUCCEEDED, completion_time=now(), downtime_seconds=down,
             progress="100%",
-            message=f"moved to node {s.target_node}: {movesteps.human(s.precopy_bytes)} "
-            f"pre-copied, {movesteps.human(s.delta_bytes)} in the final copy, {down} s of "
+            message=f"moved to node {s.target_node}: {human(s.precopy_bytes)} "
+            f"pre-copied, {human(s.delta_bytes)} in the final copy, {down} s of "
             "downtime; the old volume is removed",
         )  # fmt: skip
 

@@ -36,13 +36,6 @@ class Rollback(Exception):
         self.message = message
 
 
-def human(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
-
-
 def progress(phase: str, target: LogicalVolumeObject) -> dict[str, Any]:
     copy = target.copy
     if copy is None or (not target.copy_done and copy.round != target.copy_round and (

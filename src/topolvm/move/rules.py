@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from topolvm.units import human
+
 Obj = dict[str, Any]
 SHARED_MODES = frozenset({"ReadWriteMany", "ReadOnlyMany"})
 MOVABLE_OWNERS = ("StatefulSet", "Deployment")
@@ -146,8 +148,8 @@ def target_node(
             raise Refused("Unschedulable", f"node {requested} is cordoned or not ready")
         if free[requested] < size:
             raise Refused(
-                "NoRoom", f"node {requested} has {_human(free[requested])} free in {dc}; the "
-                f"volume needs {_human(size)}"
+                "NoRoom", f"node {requested} has {human(free[requested])} free in {dc}; the "
+                f"volume needs {human(size)}"
             )  # fmt: skip
         return requested
     fits = [(n, b) for n, b in free.items() if n != source and n in ok and b >= size]
@@ -158,8 +160,8 @@ def target_node(
                 "NoRoom", f"no other schedulable (uncordoned, Ready) node runs TopoLVM for {dc}"
             )
         raise Refused(
-            "NoRoom", f"no other schedulable node has {_human(size)} free in {dc} (the most "
-            f"is {_human(max(others))})"
+            "NoRoom", f"no other schedulable node has {human(size)} free in {dc} (the most "
+            f"is {human(max(others))})"
         )  # fmt: skip
     return min(fits, key=lambda nb: (-nb[1], nb[0]))[0]
 
@@ -185,10 +187,3 @@ def estimate(used_bytes: int, rates: Sequence[int]) -> Estimate:
     rate = measured[len(measured) // 2] if measured else ASSUMED_RATE
     delta = int(used_bytes * CHANGED_SHARE)
     return Estimate(used_bytes, delta, rate, bool(measured), RESTART_SECONDS + delta / rate)
-
-
-def _human(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"

@@ -30,13 +30,14 @@ from topolvm.constants import Names
 from topolvm.k8s import api
 from topolvm.k8s import errors as kube
 from topolvm.k8s.lvobject import CopyPhase, CopyStatus, LogicalVolumeObject
-from topolvm.node.copyreport import CopyReporter, Run, SourceGone, human, now
+from topolvm.node.copyreport import CopyReporter, Run, SourceGone, now
 from topolvm.node.volumes import Cuts, LvmdVolumes
 from topolvm.transfer import client, messages, pipeline, plan
 from topolvm.transfer.blockio import Volume
 from topolvm.transfer.errors import CopyImpossible, SourceFailed, TransferError, Unreachable
 from topolvm.transfer.jobs import Limits, VolumeInfo
 from topolvm.transfer.metrics import TransferMetrics
+from topolvm.units import human
 
 log = logging.getLogger(__name__)
 GiB = 1 << 30

@@ -22,6 +22,7 @@ from topolvm.k8s.lvobject import CopyPhase, CopyStatus, InvalidQuantity, Logical
 from topolvm.transfer import client, messages
 from topolvm.transfer.errors import CopyImpossible, DigestMismatch, TransferError
 from topolvm.transfer.metrics import TransferMetrics
+from topolvm.units import human
 
 log = logging.getLogger(__name__)
 
@@ -32,14 +33,6 @@ class CheckpointFailed(TransferError):
 
 class SourceGone(CopyImpossible):
     """The source LogicalVolume is gone."""
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n} B"
 
 
 @dataclass

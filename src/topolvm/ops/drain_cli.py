@@ -30,7 +30,8 @@ from topolvm.k8s.errors import KubeError
 from topolvm.ops import cluster, pdb
 from topolvm.ops.drain_run import Result, Survey, execute, survey
 from topolvm.ops.move_cli import add_client_args, node_name
-from topolvm.ops.render import downtime_text, human, why_target
+from topolvm.ops.render import downtime_text, why_target
+from topolvm.units import human
 
 FAILED, CANNOT_CHECK, INTERRUPTED = 1, 2, 130
 

@@ -23,7 +23,8 @@ from topolvm.move.rules import Refused
 from topolvm.ops import cluster
 from topolvm.ops.follow import BarDisplay, Display, LineDisplay, Timeout, follow
 from topolvm.ops.preflight import Plan, preflight
-from topolvm.ops.render import dry_run_text, follow_hint, human, outcome, refusal_line
+from topolvm.ops.render import dry_run_text, follow_hint, outcome, refusal_line
+from topolvm.units import human
 
 REFUSED, CANNOT_CHECK, INTERRUPTED = 1, 2, 130
 _CLAIM_KINDS = ("pvc", "pvcs", "persistentvolumeclaim", "persistentvolumeclaims")

@@ -5,16 +5,9 @@ from __future__ import annotations
 from topolvm.k8s.moveobject import MovePhase, MoveStatus, VolumeMoveObject
 from topolvm.move.rules import Estimate, Refused
 from topolvm.ops.preflight import Plan
+from topolvm.units import human
 
 SUCCEEDED, FAILED = 0, 1
-
-
-def human(n: int) -> str:
-    """Bytes in binary units, one decimal (``1.5 GiB``)."""
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
 
 
 def refusal_line(command: str, refused: Refused) -> str:
