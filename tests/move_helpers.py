@@ -119,7 +119,8 @@ async def at_phases(
     client: AsyncClient, claim: str, act: dict[str, Callable[[], None]], timeout: float = 300
 ) -> list[str]:
     """Run ``act[phase]`` once when the move of ``claim`` is seen in that phase (polled every
-    0.1 s), until the move is done; the phases acted in, in order."""
+    0.1 s), until the move is done; the phases acted in, in order. On this thread: a process
+    started from a worker thread dies with it (PR_SET_PDEATHSIG)."""
     acted: list[str] = []
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -127,7 +128,7 @@ async def at_phases(
         phase = await phase_of(client, claim)
         if phase in act and phase not in acted:
             acted.append(phase)
-            await asyncio.to_thread(act[phase])
+            act[phase]()
         if phase in MovePhase.DONE:
             return acted
         await asyncio.sleep(0.1)

@@ -195,3 +195,17 @@ def test_estimate_with_an_assumed_rate() -> None:
 def test_estimate_takes_the_median_of_measured_rates() -> None:
     est = rules.estimate(GIB, [0, 300, 100, 200, -5])
     assert est.measured and est.rate == 200
+
+
+def test_a_pod_with_another_node_local_claim_is_refused_naming_it() -> None:
+    pod = {"spec": {"volumes": [
+        {"name": "d", "persistentVolumeClaim": {"claimName": "data-vault-0"}},
+        {"name": "a", "persistentVolumeClaim": {"claimName": "audit-vault-0"}},
+        {"name": "c", "configMap": {"name": "cfg"}},
+    ]}}  # fmt: skip
+    assert rules.claims_of(pod) == ["data-vault-0", "audit-vault-0"]
+    rules.alone("vault-0", "data-vault-0", {})  # no other node-local claim: fine
+    with pytest.raises(rules.Refused) as e:
+        rules.alone("vault-0", "data-vault-0", {"audit-vault-0": "topolvm.io"})
+    assert e.value.reason == "OtherLocalClaims"
+    assert "pod vault-0 also uses audit-vault-0, node-local too" in e.value.message

@@ -104,7 +104,7 @@ class MoveReconciler:
             raise ReconcileError(f"VolumeMove {vm.namespace}/{vm.name} is gone")
         if status.phase != vm.status.phase:
             ctx = {"move": f"{vm.namespace}/{vm.name}", "from": vm.status.phase,
-                   "to": status.phase, "message": status.message}  # fmt: skip
+                   "to": status.phase, "detail": status.message}  # fmt: skip
             log.info("move step", extra=ctx)
             await self._event(vm, status)
         return VolumeMoveObject.from_dict(stored)

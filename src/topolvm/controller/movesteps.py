@@ -88,6 +88,20 @@ class Steps:
                 owners[ref["name"]] = ("Deployment", str(owner["name"]), replicas)
         return owners
 
+    async def _local_claims(self, ns: str, pod: api.Obj, claim: str) -> dict[str, str]:
+        """The pod's other claims whose volume is this driver's (claim → driver)."""
+        out = {}
+        for other in rules.claims_of(pod):
+            if other == claim:
+                continue
+            pvc = await api.get(self.client, PersistentVolumeClaim, other, namespace=ns)
+            volume = ((pvc or {}).get("spec") or {}).get("volumeName")
+            pv = await api.get(self.client, PersistentVolume, volume) if volume else None
+            driver = (((pv or {}).get("spec") or {}).get("csi") or {}).get("driver")
+            if driver == self.names.plugin:
+                out[other] = str(driver)
+        return out
+
     async def plan(self, vm: VolumeMoveObject) -> MoveStatus:
         """The checks, the source and target; raises :class:`rules.Refused`."""
         ns = vm.namespace
@@ -98,6 +112,8 @@ class Steps:
         assert pvc is not None and pv is not None
         pods = await self._pods(ns)
         work = rules.workload(vm.claim, pods, await self._replicaset_owners(ns, pods))
+        pod = next(p for p in pods if p["metadata"]["name"] == work.pod)
+        rules.alone(work.pod, vm.claim, await self._local_claims(ns, pod, vm.claim))
         handle = str(pv["spec"]["csi"].get("volumeHandle") or "")
         source = await self.store.find_by_volume_id(handle)
         if source is None:
@@ -124,8 +140,7 @@ class Steps:
             source_node=source.node_name, target_node=target, source_volume=source.name,
             target_volume=f"move-{vm.uid}", old_pv=str(pv["metadata"]["name"]),
             new_pv=f"move-{vm.uid}", pod=work.pod,
-            pod_uid=str(next(p for p in pods if p["metadata"]["name"] == work.pod)["metadata"]
-                        .get("uid") or ""),
+            pod_uid=str(pod["metadata"].get("uid") or ""),
             owner=f"{work.owner_kind}/{work.owner}",
             claim_uid=str(pvc["metadata"].get("uid") or ""),
             claim_template=claims.claim_template(pvc),

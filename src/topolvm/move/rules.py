@@ -80,6 +80,29 @@ def uses_claim(pod: Obj, claim: str) -> bool:
     return False
 
 
+def claims_of(pod: Obj) -> list[str]:
+    """The claims a pod mounts (``persistentVolumeClaim`` volumes), in its order."""
+    out = []
+    for volume in (pod.get("spec") or {}).get("volumes") or []:
+        name = ((volume or {}).get("persistentVolumeClaim") or {}).get("claimName")
+        if name:
+            out.append(str(name))
+    return out
+
+
+def alone(pod_name: str, claim: str, others: Mapping[str, str]) -> None:
+    """The pod's other claims (``others``: claim → its volume's CSI driver, for those of the
+    pod besides ``claim``) are not node-local too: a pod cannot run where only one of its
+    node-local claims is."""
+    local = sorted(c for c, driver in others.items() if c != claim and driver)
+    if local:
+        raise Refused(
+            "OtherLocalClaims", f"pod {pod_name} also uses {', '.join(local)}, node-local "
+            f"too: its claims would have to move together, which a move does not do (yet); "
+            f"the pod would not start on the target with {claim} alone"
+        )  # fmt: skip
+
+
 def _controller(pod: Obj) -> tuple[str, str]:
     for ref in _meta(pod).get("ownerReferences") or []:
         if ref.get("controller"):

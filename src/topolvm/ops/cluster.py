@@ -16,7 +16,7 @@ from topolvm.constants import Names
 from topolvm.k8s import api
 from topolvm.k8s import errors as kube
 from topolvm.k8s.moveobject import PLURAL, VolumeMoveObject, manifest
-from topolvm.move.rules import Refused, uses_claim
+from topolvm.move.rules import Refused, claims_of, uses_claim
 from topolvm.ops.preflight import (
     Facts,
     Obj,
@@ -136,6 +136,14 @@ async def claim_facts(
         raw = await api.get(client, move_resource(names), claim, namespace=namespace)
         existing = None if raw is None else VolumeMoveObject.from_dict(raw)
     users = [p for p in pods if uses_claim(p, claim)]
+    local: dict[str, str] = {}
+    for other in {c for p in users for c in claims_of(p)} - {claim}:
+        other_pvc = await api.get(client, PVC, other, namespace=namespace)
+        volume_of = str(((other_pvc or {}).get("spec") or {}).get("volumeName") or "")
+        other_pv = await api.get(client, PV, volume_of) if volume_of else None
+        driver = (((other_pv or {}).get("spec") or {}).get("csi") or {}).get("driver")
+        if driver == names.plugin:
+            local[other] = str(driver)
     lv = find_lv(common.lvs, pv)
     dc = common.device_class(pvc, lv, names)
     return Facts(
@@ -143,7 +151,7 @@ async def claim_facts(
         replicaset_owner=await replicaset_owners(client, namespace, users), device_class=dc,
         free=free_bytes(common.nodes, names, dc), schedulable=schedulable_nodes(common.nodes),
         lv=lv, rates=copy_rates(common.lvs),
-        existing=existing,
+        existing=existing, local_claims=local,
     )  # fmt: skip
 
 

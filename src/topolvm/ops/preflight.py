@@ -34,6 +34,8 @@ class Facts:
     lv: Obj | None  # the claim's LogicalVolume
     rates: list[int] = field(default_factory=list)  # status.copy.bytesPerSecond seen
     existing: VolumeMoveObject | None = None  # the VolumeMove named after the claim
+    # the other claims of the pods that use this one, whose volumes are node-local (TopoLVM)
+    local_claims: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,7 @@ def preflight(facts: Facts, names: Names, requested: str = "") -> Plan:
             "node affinity: its node is unknown"
         )  # fmt: skip
     work = rules.workload(claim, facts.pods, facts.replicaset_owner)
+    rules.alone(work.pod, claim, facts.local_claims)
     check_volume(facts.lv, facts.pv)
     size = volume_size(facts.lv, facts.pv)
     target = rules.target_node(
