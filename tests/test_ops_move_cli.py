@@ -89,7 +89,8 @@ def logical_volume(name: str, handle: str, size: str, rate: int = 0) -> Obj:
 def pod(name: str, claims: list[str], owner: tuple[str, str] | None, labels: Obj) -> Obj:
     meta: Obj = {"name": name, "namespace": NS, "labels": labels}
     if owner:
-        meta["ownerReferences"] = [{"kind": owner[0], "name": owner[1], "controller": True}]
+        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner[0], "name": owner[1],
+                                    "uid": f"uid-{owner[1]}", "controller": True}]  # fmt: skip
     return {
         "apiVersion": "v1", "kind": "Pod", "metadata": meta,
         "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "x"}],
