@@ -6,14 +6,16 @@ their TLS transfer ports, authenticated with the nodes' ServiceAccount tokens.""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Node, Pod
 
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import DriverStack
@@ -24,10 +26,12 @@ from tests.helpers import eventually
 from tests.lvm_fixtures import THICK, THIN
 from tests.move_helpers import (
     at_phases,
+    budget,
     check_log,
     delete_move,
     move_done,
     move_webhook,
+    moves_now,
     start_move,
     writer_set,
 )
@@ -322,6 +326,64 @@ async def test_a_move_survives_crashes_at_every_step(abc: Scenario, driver: Driv
         assert vm.status.phase == MovePhase.SUCCEEDED, (acted, vm.status)
         assert len(acted) >= 4, acted  # the steps seen (one may pass between two polls)
         await w.check(vm)
+
+
+async def test_a_drain_moves_every_claim_within_the_disruption_budget(abc: Scenario) -> None:
+    """Two StatefulSets, three claims, all on one node; a PodDisruptionBudget lets one pod of
+    the two-replica set down at a time. ``topolvm drain`` (two moves at once) cordons the node,
+    moves the three claims off it, never two of that set's pods down together, and leaves the
+    node cordoned."""
+    s = abc
+    thin = s.sc(device_class="thin", fs_type="xfs")
+    drained, *others = s.nodes
+    pair, single, pdb = unique("dx"), unique("dy"), unique("pdb")
+    pods = [f"{pair}-0", f"{pair}-1", f"{single}-0"]
+    claims_ = [f"data-{p}" for p in pods]
+    s.claims.extend(claims_)
+    async with move_webhook(s.cp, s.client):
+        for n in others:  # the pods are placed while only the drained node takes them
+            s.cp.kubectl("cordon", n.name)
+        try:
+            s.cp.apply(writer_set(pair, thin, s.group, replicas=2),
+                       writer_set(single, thin, s.group), budget(pdb, pair, 1))  # fmt: skip
+            for p in pods:
+                await s.running(p)
+        finally:
+            for n in others:
+                s.cp.kubectl("uncordon", n.name)
+        try:
+            down_together = 0
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "topolvm", "drain", drained.name, "--max-parallel=2",
+                f"--kubeconfig={s.cp.kubeconfig}", "--timeout=10m",
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            )  # fmt: skip
+            while proc.returncode is None:
+                moves = await moves_now(s.client)
+                down = [m for m in moves if m.claim.startswith(f"data-{pair}-")
+                        and m.status.phase in MovePhase.DOWN]  # fmt: skip
+                down_together = max(down_together, len(down))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(proc.wait(), 0.2)
+            out = (await proc.stdout.read()).decode() if proc.stdout else ""
+            assert proc.returncode == 0, out
+            assert down_together == 1, out
+            done = {m.claim: m for m in await moves_now(s.client)}
+            for c in claims_:
+                assert done[c].status.phase == MovePhase.SUCCEEDED, done[c].status
+            for p in pods:
+                await s.running(p)
+                obj = await api.get(s.client, Pod, p, namespace=NS)
+                assert obj is not None and obj["spec"]["nodeName"] != drained.name
+            node = await api.get(s.client, Node, drained.name)
+            assert node is not None and node["spec"].get("unschedulable") is True
+        finally:
+            s.cp.kubectl("uncordon", drained.name, check=False)
+            s.cp.kubectl("delete", "statefulset", pair, single, "-n", NS, "--wait=true",
+                         check=False)  # fmt: skip
+            s.cp.kubectl("delete", "pdb", pdb, "-n", NS, check=False)
+            for c in claims_:
+                await delete_move(s.client, c)
 
 
 class _Writer:
