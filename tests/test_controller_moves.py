@@ -3,6 +3,7 @@ steps of a move (checks, the old PV kept, the target volume asked for), a refusa
 Events each step posts. The whole move, with pods, kubelets and copies, is
 tests/test_cluster_transfer.py."""
 
+# ruff: noqa: F811  (the emulator fixture, imported, is every test's parameter)
 from __future__ import annotations
 
 import asyncio
@@ -29,7 +30,7 @@ MOVES = api.volumemove_resource(NORMAL)
 @pytest.fixture
 async def reconciler(
     emu: KubeEmulator,
-    tmp_path: Path,  # noqa: F811
+    tmp_path: Path,
 ) -> AsyncIterator[MoveReconciler]:
     emu.register("", "v1", "events", "Event", True, True)
     client = api.make_client(str(write_kubeconfig(tmp_path / "kubeconfig", emu.url)))
@@ -57,7 +58,7 @@ async def _reasons(r: MoveReconciler, kind: str) -> list[str]:
 
 async def test_a_move_plans_keeps_the_old_volume_and_asks_for_the_target(
     emu: KubeEmulator,
-    reconciler: MoveReconciler,  # noqa: F811
+    reconciler: MoveReconciler,
 ) -> None:
     seed(emu)
     r = reconciler
@@ -83,7 +84,7 @@ async def test_a_move_plans_keeps_the_old_volume_and_asks_for_the_target(
 
 async def test_a_move_of_a_claim_without_a_volume_is_refused_and_changes_nothing(
     emu: KubeEmulator,
-    reconciler: MoveReconciler,  # noqa: F811
+    reconciler: MoveReconciler,
 ) -> None:
     seed(emu)
     r = reconciler

@@ -51,6 +51,7 @@ KCM_CONTROLLERS = (
     "endpoints-controller",
     "endpointslice-controller",
     "root-ca-certificate-publisher-controller",
+    "disruption-controller",  # PodDisruptionBudgets' status, which topolvm drain honours
 )
 DEFAULT_NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
 

@@ -39,7 +39,7 @@ from topolvm.controller.nodecleanup import counted, run_controller
 from topolvm.controller.pvcresize import _AllNamespacesInformer
 from topolvm.k8s import api, events
 from topolvm.k8s.lvstore import LogicalVolumeStore, VolumeRequest
-from topolvm.k8s.moveobject import KIND, MovePhase, MoveStatus, VolumeMoveObject
+from topolvm.k8s.moveobject import GROUP, KIND, MovePhase, MoveStatus, VolumeMoveObject
 from topolvm.k8s.runtime import Controller, Informer, ReconcileError, Result, object_key
 from topolvm.move import claims, rules
 from topolvm.units import human
@@ -116,7 +116,7 @@ class MoveReconciler:
                    MovePhase.REFUSED: "MoveRefused"}  # fmt: skip
         reason = reasons.get(status.phase, f"Move{status.phase}")
         text = status.message
-        ref = events.ObjectRef(KIND, vm.namespace, vm.name, f"{self.names.group}/v1")
+        ref = events.ObjectRef(KIND, vm.namespace, vm.name, f"{GROUP}/v1")
         await events.post(self.client, ref, reason, text, warning=warning,
                           component="topolvm-controller")  # fmt: skip
         claim = events.ObjectRef("PersistentVolumeClaim", vm.namespace, vm.claim)

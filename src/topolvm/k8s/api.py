@@ -121,9 +121,11 @@ def logicalvolume_resource(names: Names) -> type[GenericGlobalResource]:
     return create_global_resource(names.group, "v1", "LogicalVolume", "logicalvolumes")
 
 
-def volumemove_resource(names: Names) -> type[GenericNamespacedResource]:
-    """The namespaced VolumeMove resource of ``names.group`` (docs/mobility.md, "Move")."""
-    return create_namespaced_resource(names.group, "v1", "VolumeMove", "volumemoves")
+def volumemove_resource(names: Names | None = None) -> type[GenericNamespacedResource]:
+    """The namespaced VolumeMove resource (docs/mobility.md, "Move"): always ``topolvm.io``,
+    legacy mode or not (a VolumeMove has no upstream, hence no legacy group; ``names`` is
+    accepted for symmetry with :func:`logicalvolume_resource`)."""
+    return create_namespaced_resource("topolvm.io", "v1", "VolumeMove", "volumemoves")
 
 
 async def get(client: AsyncClient, res: Resource, name: str, **kw: Any) -> Obj | None:

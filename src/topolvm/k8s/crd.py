@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from topolvm.constants import LEGACY, NORMAL
-from topolvm.k8s.moveobject import KIND, PLURAL, MovePhase
+from topolvm.k8s.moveobject import GROUP, KIND, PLURAL, MovePhase
 
 _QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?"
@@ -275,7 +275,7 @@ def render_move(group: str) -> str:
 def crd_files() -> dict[str, str]:
     """File name → rendered manifest, for both groups."""
     files = {f"logicalvolumes.{n.group}.yaml": render(n.group) for n in (NORMAL, LEGACY)}
-    files.update({f"{PLURAL}.{n.group}.yaml": render_move(n.group) for n in (NORMAL, LEGACY)})
+    files[f"{PLURAL}.{GROUP}.yaml"] = render_move(GROUP)  # no legacy group (moveobject.GROUP)
     return files
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 KIND = "VolumeMove"
+GROUP = "topolvm.io"  # this project's own: no legacy group, whatever USE_LEGACY says
 PLURAL = "volumemoves"
 
 

@@ -15,7 +15,7 @@ from lightkube.generic_resource import create_global_resource, create_namespaced
 from topolvm.constants import Names
 from topolvm.k8s import api
 from topolvm.k8s import errors as kube
-from topolvm.k8s.moveobject import PLURAL, VolumeMoveObject, manifest
+from topolvm.k8s.moveobject import GROUP, PLURAL, VolumeMoveObject, manifest
 from topolvm.move.rules import Refused, claims_of, uses_claim
 from topolvm.ops.preflight import (
     Facts,
@@ -50,7 +50,7 @@ def default_kubeconfig() -> str | None:
 
 
 def move_resource(names: Names) -> Any:
-    """The namespaced VolumeMove resource of ``names.group``."""
+    """The namespaced VolumeMove resource (``topolvm.io`` in either mode)."""
     return api.volumemove_resource(names)
 
 
@@ -198,7 +198,7 @@ async def start_move(
                         "being deleted: try again once it is gone"
                     )  # fmt: skip
                 await asyncio.sleep(0.5)
-    body = manifest(names.group, namespace, claim, target)
+    body = manifest(GROUP, namespace, claim, target)
     try:
         created = await api.create(client, res.from_dict(body))
     except kube.AlreadyExists:
