@@ -112,3 +112,19 @@ async def test_the_webhook_errors_when_it_cannot_read_moves() -> None:
     reader = Reader({}, fail="move")
     d = await decide(_pod("data-db-0"), "apps", reader, NORMAL)
     assert not d.allowed and d.code == 500 and "VolumeMove apps/data-db-0" in d.message
+
+
+def test_the_gc_keeps_a_move_target_between_its_two_copies() -> None:
+    from topolvm.controller.lvgc import References
+
+    def target(round_: int, status_round: int) -> LogicalVolumeObject:
+        return LogicalVolumeObject(
+            "move-1", "u", "1", "b", 1 << 30, volume_id="u", copy_source="pvc-a",
+            copy_keep_cut=True, copy_round=round_,
+            copy=CopyStatus(phase=CopyPhase.DONE, round=status_round),
+        )  # fmt: skip
+
+    refs = References(snapshots=set())
+    assert refs.holds(target(1, 0)) == "a move fills it"  # pre-copy done, pod still running
+    assert refs.holds(target(2, 1)) == "a copy is filling it"  # the final copy runs
+    assert refs.holds(target(2, 2)) is None  # done: its PV holds it from now on

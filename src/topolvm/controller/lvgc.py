@@ -11,7 +11,8 @@ A LogicalVolume is *referenced* when
   ``spec.accessType: ro`` (a snapshot) is ever collected, or
 - it is the ``spec.source`` of a LogicalVolume whose node has not created it yet, or the
   source of a copy in progress (docs/mobility.md), or
-- a copy is still filling it (its PersistentVolume or VolumeSnapshotContent comes after).
+- a copy is still filling it (its PersistentVolume or VolumeSnapshotContent comes after), or
+  it is a move's target between its pre-copy and its final copy.
 
 An *orphan* is a LogicalVolume that is not being deleted, was created more than ``grace``
 seconds ago (``metadata.creationTimestamp``; this also spares volumes still being created, whose
@@ -91,6 +92,8 @@ class References:
             return "source of a volume being created"
         if not lv.copy_done and not lv.code:
             return "a copy is filling it"  # its PV or content comes once the copy is verified
+        if lv.copy_keep_cut and lv.copy_round < 2 and not lv.code:
+            return "a move fills it"  # its final copy comes when the pod stops, then its PV
         return None
 
 
