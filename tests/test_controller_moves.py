@@ -96,3 +96,17 @@ async def test_a_move_of_a_claim_without_a_volume_is_refused_and_changes_nothing
     assert "MoveRefused" in await _reasons(r, "VolumeMove")
     pv = await api.get(r.client, PersistentVolume, "pv-1")
     assert pv is not None and pv["spec"].get("persistentVolumeReclaimPolicy") != "Retain"
+
+
+async def test_a_move_not_named_after_its_claim_is_refused(
+    emu: KubeEmulator, reconciler: MoveReconciler
+) -> None:
+    seed(emu)
+    r = reconciler
+    body = manifest("topolvm.io", NS, "data-web-0")
+    body["metadata"]["name"] = "my-move"
+    await api.create(r.client, MOVES.from_dict(body))
+    await r.reconcile(f"{NS}/my-move")
+    vm = await _move(r, "my-move")
+    assert vm.status.phase == MovePhase.REFUSED and vm.status.reason == "NameNotClaim"
+    assert "name it 'data-web-0'" in vm.status.message

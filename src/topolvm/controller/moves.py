@@ -158,6 +158,11 @@ class MoveReconciler:
         return None if vm.done else Result(requeue_after=POLL)
 
     async def _plan(self, vm: VolumeMoveObject) -> MoveStatus:
+        if vm.name != vm.claim:  # the pod webhook finds a claim's move by the claim's name
+            raise rules.Refused(
+                "NameNotClaim", f"a VolumeMove is named after its claim: name it {vm.claim!r}, "
+                f"not {vm.name!r} (topolvm move does)"
+            )  # fmt: skip
         plan = await self.steps.plan(vm)
         await self.steps.ensure_finalizer(vm)
         await self.steps.retain(plan.old_pv)
