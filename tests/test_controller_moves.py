@@ -68,13 +68,13 @@ async def test_a_move_plans_keeps_the_old_volume_and_asks_for_the_target(
     assert vm.status.phase == MovePhase.PRE_COPY, vm.status
     assert (vm.status.source_node, vm.status.target_node) == ("n1", "n2")
     assert vm.status.pod == "web-0" and vm.status.owner == "StatefulSet/web"
-    assert vm.status.reclaim_policy == "Delete"
-    pv = await api.get(r.client, PersistentVolume, "pv-1")
-    assert pv is not None and pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
+    assert vm.status.reclaim_policy == "Delete"  # kept before the PV changes
     assert "MovePreCopy" in await _reasons(r, "PersistentVolumeClaim")
     assert "MovePreCopy" in await _reasons(r, "VolumeMove")
 
-    await r.reconcile(f"{NS}/data-web-0")  # the pre-copy: the target LogicalVolume
+    await r.reconcile(f"{NS}/data-web-0")  # the pre-copy: the old PV kept, the target asked for
+    pv = await api.get(r.client, PersistentVolume, "pv-1")
+    assert pv is not None and pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
     raw = await api.get(r.client, api.logicalvolume_resource(NORMAL), vm.status.target_volume)
     assert raw is not None
     target = LogicalVolumeObject.from_dict(raw)

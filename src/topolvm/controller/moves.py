@@ -169,7 +169,7 @@ class MoveReconciler:
             )  # fmt: skip
         plan = await self.steps.plan(vm)
         await self.steps.ensure_finalizer(vm)
-        await self.steps.retain(plan.old_pv)
+        # the old PV is set to Retain in PreCopy: first the status keeps its own policy
         return replace(
             plan, phase=MovePhase.PRE_COPY, start_time=now(),
             message=f"copying the claim's data from node {plan.source_node} to node "
@@ -178,6 +178,7 @@ class MoveReconciler:
 
     async def _precopy(self, vm: VolumeMoveObject) -> MoveStatus:
         s = vm.status
+        await self.steps.retain(s.old_pv)  # nothing deletes the original until the move is done
         await self.steps.running_pod(vm)  # the pod stopped meanwhile: roll back
         request = VolumeRequest(
             s.target_volume, s.target_node, s.size_bytes, s.device_class,

@@ -218,9 +218,35 @@ class Steps:
         self._check_held(vm, users)
         if old:
             if not old[0]["metadata"].get("deletionTimestamp"):
+                await self._gate_works(vm, old[0])
                 await api.delete(self.client, Pod, vm.status.pod, namespace=vm.namespace)
             return f"waiting for pod {vm.status.pod} to stop on node {vm.status.source_node}"
         return ""
+
+    async def _gate_works(self, vm: VolumeMoveObject, pod: api.Obj) -> None:
+        """Before the pod is stopped: a pod like it, created now (a server-side dry run, so
+        through the API server's admission webhooks, namespace and object selectors
+        included), gets the scheduling gate; else its controller's new pod would start on the
+        old node at once, and the move rolls back (the pod still runs)."""
+        meta = pod["metadata"]
+        probe = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"generateName": f"{meta['name']}-move-probe-",
+                         "namespace": vm.namespace, "labels": meta.get("labels") or {}},
+            "spec": {k: v for k, v in (pod.get("spec") or {}).items() if k != "nodeName"},
+        }  # fmt: skip
+        try:
+            admitted = await api.create(self.client, Pod.from_dict(probe), dry_run=True)
+        except kube.KubeError as e:
+            raise Rollback("NoGate", f"a pod of claim {vm.claim} could not be checked for the "
+                           f"scheduling gate {self.gate}: {kube.describe(e)}") from e  # fmt: skip
+        if not claims.gated(admitted, self.gate):
+            raise Rollback(
+                "NoGate", f"a new pod of claim {vm.claim} would not be held by the scheduling "
+                f"gate {self.gate}: the pod webhook does not serve namespace {vm.namespace} "
+                "(the chart's webhook.podMutatingWebhook.enabled, its namespace and object "
+                "selectors), so the pod would start again on the old node"
+            )  # fmt: skip
 
     def _check_held(self, vm: VolumeMoveObject, users: list[api.Obj]) -> None:
         for pod in users:
@@ -276,6 +302,7 @@ class Steps:
         # does: the new PV is pre-bound to the claim's name, so that claim binds to it too
         if pvc is not None and pvc["metadata"].get("uid") == s.claim_uid:
             if not pvc["metadata"].get("deletionTimestamp"):
+                await self.no_pod_on_old_node(vm)  # the last moment a rollback is whole
                 await api.delete(self.client, PersistentVolumeClaim, vm.claim,
                                  namespace=vm.namespace)  # fmt: skip
             return f"waiting for the old claim {vm.claim} to be deleted"
@@ -317,6 +344,9 @@ class Steps:
 
     async def rollback(self, vm: VolumeMoveObject) -> None:
         s = vm.status
+        if s.new_pv:  # made in Swapping, pre-bound to the claim's name: the claim is the old one
+            with _gone_ok():
+                await api.delete(self.client, PersistentVolume, s.new_pv)
         if s.target_volume:
             await self.store.delete(s.target_volume)
         if s.old_pv and s.reclaim_policy:

@@ -267,10 +267,11 @@ async def patch_merge(client: AsyncClient, res: Resource, name: str, patch: Obj,
     return to_dict(result)
 
 
-async def create(client: AsyncClient, obj: Any) -> Obj:
-    """Create ``obj`` (a lightkube model); :class:`AlreadyExists` if the name is taken."""
+async def create(client: AsyncClient, obj: Any, *, dry_run: bool = False) -> Obj:
+    """Create ``obj`` (a lightkube model); :class:`AlreadyExists` if the name is taken. With
+    ``dry_run`` the API server admits it (webhooks included) and stores nothing."""
     with translated():
-        return to_dict(await client.create(obj))
+        return to_dict(await client.create(obj, dry_run=dry_run))
 
 
 async def replace(client: AsyncClient, obj: Any) -> Obj:

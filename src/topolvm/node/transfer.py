@@ -31,7 +31,14 @@ from topolvm.k8s import api
 from topolvm.k8s import errors as kube
 from topolvm.k8s.lvobject import InvalidQuantity, LogicalVolumeObject
 from topolvm.k8s.runtime import Informer
-from topolvm.node.volumes import Cuts, LvmdVolumes, cut_name, job_of_round, round_two
+from topolvm.node.volumes import (
+    Cuts,
+    LvmdVolumes,
+    NoRoomForCut,
+    cut_name,
+    job_of_round,
+    round_two,
+)
 from topolvm.transfer import messages
 from topolvm.transfer.auth import TokenReviewer
 from topolvm.transfer.errors import Refused, TransferError
@@ -115,6 +122,8 @@ class TransferService:
         if source.access_type != "ro":  # a live volume: read a cut of it, made for this job
             try:
                 volume, base = await self._cut(target, source)
+            except Refused:
+                raise
             except TransferError as e:
                 raise Refused("unavailable", str(e)) from e
         return Job(target.uid, target.name, target.node_name, volume, source.device_class,
@@ -124,16 +133,31 @@ class TransferService:
         self, target: LogicalVolumeObject, source: LogicalVolumeObject
     ) -> tuple[str, str]:
         """The cut to read, and the base of a delta: a move's round 2 reads a second cut and
-        sends what differs from the first (kept since round 1); without the first, all."""
+        sends what differs from the first (kept since round 1). Round 2 is always a delta: the
+        target holds round 1's data, so a whole copy (which skips zeros) would leave some of it;
+        without the first cut the job is refused for good, its copy fails and the move rolls
+        back (its original untouched)."""
         dc = source.device_class
+        try:
+            return await self._cuts(target, source, dc)
+        except NoRoomForCut as e:
+            if not target.copy_keep_cut:
+                raise  # a restore or clone waits for room
+            # a move fails its copy now and rolls back, rather than keep its pod down waiting
+            raise Refused("invalid", f"{e}: the move rolls back") from e
+
+    async def _cuts(
+        self, target: LogicalVolumeObject, source: LogicalVolumeObject, dc: str
+    ) -> tuple[str, str]:
         if target.copy_round < 2:
             return await self.cuts.ensure(target.uid, source.volume_id, dc), ""
-        has_base = target.uid in await self.cuts.listed(dc)
+        if target.uid not in await self.cuts.listed(dc, strict=True):
+            raise Refused(
+                "unknown-job", f"the first cut of {source.name} that {target.name} was filled "
+                "from is gone: the move's final copy cannot be a delta"
+            )  # fmt: skip
         second = await self.cuts.ensure(round_two(target.uid), source.volume_id, dc)
-        if not has_base:
-            log.warning("the first cut of a move is gone: its final copy sends everything",
-                        extra={"target": target.name})  # fmt: skip
-        return second, cut_name(target.uid) if has_base else ""
+        return second, cut_name(target.uid)
 
     # -- cuts -----------------------------------------------------------------------------
 

@@ -89,6 +89,10 @@ class LvmdVolumes:
             return None
 
 
+class NoRoomForCut(SourceFailed):
+    """The source's VG has no room for a cut (a thick one is as large as its origin)."""
+
+
 class Cuts:
     def __init__(self, lvmd: LvmdClient) -> None:
         self.lvmd = lvmd
@@ -107,7 +111,7 @@ class Cuts:
             await self.lvmd.create_lv_snapshot(req)
         except LvmdCallError as e:
             if e.code is Status.RESOURCE_EXHAUSTED:
-                raise SourceFailed(
+                raise NoRoomForCut(
                     f"no room for the copy's point-in-time cut of {source}: {e.message}"
                 ) from e
             raise SourceFailed(f"cannot cut {source} for the copy: {e.message}") from e
@@ -126,11 +130,14 @@ class Cuts:
         log.info("removed a copy's cut", extra={"job": job_uid})
         return True
 
-    async def listed(self, device_class: str) -> list[str]:
-        """Job UIDs of the cuts in ``device_class``."""
+    async def listed(self, device_class: str, strict: bool = False) -> list[str]:
+        """Job ids of the cuts in ``device_class`` (a second cut's ends in ``.r2``). An lvmd
+        error reads as no cut, or with ``strict`` raises :class:`SourceFailed`."""
         try:
             volumes = await self.lvmd.get_lv_list(device_class)
         except LvmdCallError as e:
+            if strict:
+                raise SourceFailed(f"lvmd cannot list the cuts: {e.message}") from e
             log.warning("cannot list cuts", extra={"device_class": device_class, "error": str(e)})
             return []
         return [job for v in volumes if (job := job_of_cut(v.name)) is not None]
