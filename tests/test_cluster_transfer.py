@@ -241,45 +241,6 @@ def refused(client_node: UmlNode, server: UmlNode) -> Iterator[None]:
         subprocess.run(["nft", "delete", "table", "inet", "topolvm_test_refuse"], check=False)
 
 
-async def test_a_snapshot_kept_on_another_node_outlives_its_node(abc: Scenario) -> None:
-    """The class keeps the snapshot on a node labelled for it (C); node A's guest is powered
-    off for good and its Node deleted; the claim is restored on B from C."""
-    s = abc
-    a, b, c = s.nodes
-    s.cp.kubectl("label", "node", c.name, "topolvm.test/keeper=yes", "--overwrite")
-    thin = s.sc(device_class="thin", fs_type="xfs")
-    vsc = unique("vsc")
-    s.apply(snapshot_class(vsc, {"topolvm.io/snapshot-node-selector": "topolvm.test/keeper=yes"}))
-    src, writer = unique("src"), unique("writer")
-    s.apply(claim(src, thin, "512Mi"), on_node(writer, s.group, a.name, [src]))
-    await s.running(writer)
-    sums = write_data(s, writer, src, mib=40)
-    snap = unique("snap")
-    s.apply(snapshot(snap, vsc, src))
-    ready = await ready_snapshot(s, snap)
-    handle = s.cp.kubectl("get", "volumesnapshotcontent",
-                          ready["status"]["boundVolumeSnapshotContentName"], "-o",
-                          "jsonpath={.status.snapshotHandle}")  # fmt: skip
-    kept = await logical_volume_of(s, handle)
-    assert kept.node_name == c.name and kept.copy is not None and kept.copy.source_node == a.name
-
-    # node A goes for good: its pods are lost with it, its guest is powered off, its Node deleted
-    s.cp.kubectl("delete", "pod", writer, "-n", "default", "--force", "--grace-period=0")
-    s.pods.remove(writer)
-    a.stop()
-    s.nodes = [b, c]
-    del s.before[a.name]
-    s.cp.kubectl("delete", "node", a.name, "--wait=false")
-
-    restored, reader = unique("restored"), unique("reader")
-    s.apply(claim(restored, thin, "512Mi", source=from_snapshot(snap)),
-            on_node(reader, s.group, b.name, [restored]))  # fmt: skip
-    [published] = await s.running(reader, timeout=300)
-    assert read_sums(s, reader, restored).replace(restored, src) == sums
-    target = await logical_volume_of(s, published.volume_id)
-    assert target.copy is not None and target.copy.source_node == c.name
-
-
 async def test_a_statefulset_claim_moves_to_another_node_losing_no_write(abc: Scenario) -> None:
     """The pod writes a numbered, synced log without pause through the pre-copy; on the target
     the log holds every line written up to the pod's stop (its last line "stop N" too), a
@@ -438,3 +399,43 @@ async def _writer(s: Scenario) -> AsyncIterator[_Writer]:
 
 async def _gone(s: Scenario, res: Any, name: str) -> bool:
     return await api.get(s.client, res, name) is None
+
+
+# last: it powers node A off for good (the tests above need the three nodes)
+async def test_a_snapshot_kept_on_another_node_outlives_its_node(abc: Scenario) -> None:
+    """The class keeps the snapshot on a node labelled for it (C); node A's guest is powered
+    off for good and its Node deleted; the claim is restored on B from C."""
+    s = abc
+    a, b, c = s.nodes
+    s.cp.kubectl("label", "node", c.name, "topolvm.test/keeper=yes", "--overwrite")
+    thin = s.sc(device_class="thin", fs_type="xfs")
+    vsc = unique("vsc")
+    s.apply(snapshot_class(vsc, {"topolvm.io/snapshot-node-selector": "topolvm.test/keeper=yes"}))
+    src, writer = unique("src"), unique("writer")
+    s.apply(claim(src, thin, "512Mi"), on_node(writer, s.group, a.name, [src]))
+    await s.running(writer)
+    sums = write_data(s, writer, src, mib=40)
+    snap = unique("snap")
+    s.apply(snapshot(snap, vsc, src))
+    ready = await ready_snapshot(s, snap)
+    handle = s.cp.kubectl("get", "volumesnapshotcontent",
+                          ready["status"]["boundVolumeSnapshotContentName"], "-o",
+                          "jsonpath={.status.snapshotHandle}")  # fmt: skip
+    kept = await logical_volume_of(s, handle)
+    assert kept.node_name == c.name and kept.copy is not None and kept.copy.source_node == a.name
+
+    # node A goes for good: its pods are lost with it, its guest is powered off, its Node deleted
+    s.cp.kubectl("delete", "pod", writer, "-n", "default", "--force", "--grace-period=0")
+    s.pods.remove(writer)
+    a.stop()
+    s.nodes = [b, c]
+    del s.before[a.name]
+    s.cp.kubectl("delete", "node", a.name, "--wait=false")
+
+    restored, reader = unique("restored"), unique("reader")
+    s.apply(claim(restored, thin, "512Mi", source=from_snapshot(snap)),
+            on_node(reader, s.group, b.name, [restored]))  # fmt: skip
+    [published] = await s.running(reader, timeout=300)
+    assert read_sums(s, reader, restored).replace(restored, src) == sums
+    target = await logical_volume_of(s, published.volume_id)
+    assert target.copy is not None and target.copy.source_node == c.name
