@@ -72,6 +72,34 @@ def _copy_status() -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _crd(
+    group: str, names: dict[str, Any], scope: str, schema: dict[str, Any],
+    columns: list[Any],
+) -> dict[str, Any]:  # fmt: skip
+    """A CustomResourceDefinition of one served and stored version v1 with a status
+    subresource."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{names['plural']}.{group}"},
+        "spec": {
+            "group": group,
+            "names": names,
+            "scope": scope,
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": schema},
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": columns,
+                }
+            ],
+        },
+    }
+
+
 def logicalvolume_crd(group: str) -> dict[str, Any]:
     """The CRD manifest for ``logicalvolumes.<group>`` (``topolvm.io`` or legacy)."""
     spec_props = {
@@ -145,31 +173,9 @@ def logicalvolume_crd(group: str) -> dict[str, Any]:
         {"name": "Copy", "type": "string", "jsonPath": ".status.copy.phase", "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"logicalvolumes.{group}"},
-        "spec": {
-            "group": group,
-            "names": {
-                "kind": "LogicalVolume",
-                "listKind": "LogicalVolumeList",
-                "plural": "logicalvolumes",
-                "singular": "logicalvolume",
-            },
-            "scope": "Cluster",
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "schema": {"openAPIV3Schema": schema},
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": columns,
-                }
-            ],
-        },
-    }
+    names = {"kind": "LogicalVolume", "listKind": "LogicalVolumeList",
+             "plural": "logicalvolumes", "singular": "logicalvolume"}  # fmt: skip
+    return _crd(group, names, "Cluster", schema, columns)
 
 
 def volumemove_crd(group: str) -> dict[str, Any]:
@@ -236,32 +242,9 @@ def volumemove_crd(group: str) -> dict[str, Any]:
         {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{group}"},
-        "spec": {
-            "group": group,
-            "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": "volumemove",
-                "shortNames": ["vmove"],
-            },
-            "scope": "Namespaced",
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "schema": {"openAPIV3Schema": schema},
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": columns,
-                }
-            ],
-        },
-    }
+    names = {"kind": KIND, "listKind": f"{KIND}List", "plural": PLURAL,
+             "singular": "volumemove", "shortNames": ["vmove"]}  # fmt: skip
+    return _crd(group, names, "Namespaced", schema, columns)
 
 
 def render(group: str) -> str:

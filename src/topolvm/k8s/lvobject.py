@@ -75,7 +75,8 @@ class CopyPhase:
     FAILED = "Failed"  # for good (the source is gone, the data did not verify)
 
 
-def _int(value: Any) -> int:
+def int_or_zero(value: Any) -> int:
+    """A status field written by another process: a wrong type reads as 0."""
     try:
         return int(value or 0)
     except (TypeError, ValueError):
@@ -121,11 +122,11 @@ class CopyStatus:
         for attr, key in cls._KEYS:
             default = getattr(cls, attr)
             value = raw.get(key)
-            values[attr] = _int(value) if isinstance(default, int) else str(value or "")
+            values[attr] = int_or_zero(value) if isinstance(default, int) else str(value or "")
         values["phase"] = values["phase"] or CopyPhase.PENDING
         checkpoint = raw.get("checkpoint")
         if isinstance(checkpoint, dict):
-            values["checkpoint_offset"] = _int(checkpoint.get("offset"))
+            values["checkpoint_offset"] = int_or_zero(checkpoint.get("offset"))
             values["checkpoint_digest"] = str(checkpoint.get("digest") or "")
         return cls(**values)
 
@@ -220,7 +221,7 @@ class LogicalVolumeObject:
             labels=dict(meta.get("labels") or {}),
             annotations=dict(meta.get("annotations") or {}),
             copy_source=str((spec.get("copy") or {}).get("source") or ""),
-            copy_round=max(_int((spec.get("copy") or {}).get("round")), 1),
+            copy_round=max(int_or_zero((spec.get("copy") or {}).get("round")), 1),
             copy_keep_cut=bool((spec.get("copy") or {}).get("keepCut")),
             copy=CopyStatus.from_dict(status.get("copy")),
             created=str(meta.get("creationTimestamp") or ""),

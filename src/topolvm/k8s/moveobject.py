@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
+from topolvm.k8s.lvobject import int_or_zero
+
 KIND = "VolumeMove"
 GROUP = "topolvm.io"  # this project's own: no legacy group, whatever USE_LEGACY says
 PLURAL = "volumemoves"
@@ -40,13 +42,6 @@ class MovePhase:
     DONE = frozenset({SUCCEEDED, ROLLED_BACK, REFUSED})
     # while the claim's pod is down (the downtime)
     DOWN = frozenset({STOPPING, FINAL_COPY, SWAPPING, STARTING})
-
-
-def _int(value: Any) -> int:
-    try:
-        return int(value or 0)
-    except (TypeError, ValueError):
-        return 0
 
 
 @dataclass(frozen=True)
@@ -101,7 +96,7 @@ class MoveStatus:
         for f in fields(cls):
             key = cls._KEYS[f.name]
             value = raw.get(key)
-            values[f.name] = _int(value) if f.type == "int" else str(value or "")
+            values[f.name] = int_or_zero(value) if f.type == "int" else str(value or "")
         values["phase"] = values["phase"] or MovePhase.PENDING
         return cls(**values)
 

@@ -122,25 +122,22 @@ class SocketLvmd:
         reply: vd.DescribeLVResponse = await self._call(_DATA, "DescribeLV", req, self.timeout)
         return reply
 
-    async def thin_mappings(self, name: str, device_class: str) -> AsyncIterator[tuple[int, int]]:
-        req = vd.ThinMappingsRequest(name=name, device_class=device_class)
+    async def _range_stream(self, method: str, req: Any) -> AsyncIterator[tuple[int, int]]:
+        """The byte ranges a VolumeData stream of ``method`` sends, as they come."""
         try:
-            async for msg in self._client.stream(_DATA, "ThinMappings", req):
+            async for msg in self._client.stream(_DATA, method, req):
                 for r in _ranges(msg):
                     yield r
         except GRPCError as e:
             raise _from_rpc_error(e) from None
 
-    async def thin_delta(
-        self, name: str, base: str, device_class: str
-    ) -> AsyncIterator[tuple[int, int]]:
+    def thin_mappings(self, name: str, device_class: str) -> AsyncIterator[tuple[int, int]]:
+        req = vd.ThinMappingsRequest(name=name, device_class=device_class)
+        return self._range_stream("ThinMappings", req)
+
+    def thin_delta(self, name: str, base: str, device_class: str) -> AsyncIterator[tuple[int, int]]:
         req = vd.ThinDeltaRequest(name=name, base=base, device_class=device_class)
-        try:
-            async for msg in self._client.stream(_DATA, "ThinDelta", req):
-                for r in _ranges(msg):
-                    yield r
-        except GRPCError as e:
-            raise _from_rpc_error(e) from None
+        return self._range_stream("ThinDelta", req)
 
     async def check_health(self) -> None:
         req = health_pb2.HealthCheckRequest(service="")
