@@ -197,15 +197,42 @@ def test_estimate_takes_the_median_of_measured_rates() -> None:
     assert est.measured and est.rate == 200
 
 
-def test_a_pod_with_another_node_local_claim_is_refused_naming_it() -> None:
+def test_a_pods_node_local_claims_move_together() -> None:
     pod = {"spec": {"volumes": [
         {"name": "d", "persistentVolumeClaim": {"claimName": "data-vault-0"}},
         {"name": "a", "persistentVolumeClaim": {"claimName": "audit-vault-0"}},
         {"name": "c", "configMap": {"name": "cfg"}},
     ]}}  # fmt: skip
     assert rules.claims_of(pod) == ["data-vault-0", "audit-vault-0"]
-    rules.alone("vault-0", "data-vault-0", {})  # no other node-local claim: fine
+    local = {"audit-vault-0": "topolvm.io"}
+    rules.together("vault-0", "data-vault-0", {}, [])  # no other node-local claim: fine
+    rules.together("vault-0", "data-vault-0", local, ["audit-vault-0"])  # moved with it: fine
     with pytest.raises(rules.Refused) as e:
-        rules.alone("vault-0", "data-vault-0", {"audit-vault-0": "topolvm.io"})
+        rules.together("vault-0", "data-vault-0", local, [])
     assert e.value.reason == "OtherLocalClaims"
-    assert "pod vault-0 also uses audit-vault-0, node-local too" in e.value.message
+    assert e.value.message.startswith(
+        "pod vault-0 also uses audit-vault-0, node-local too: they must move with data-vault-0"
+    )
+    with pytest.raises(rules.Refused) as e:
+        rules.together("vault-0", "data-vault-0", local, ["audit-vault-0", "logs-vault-0"])
+    assert e.value.reason == "NotTogether"
+    assert e.value.message == (
+        "logs-vault-0 listed to move with data-vault-0 is not a node-local claim of pod vault-0"
+    )
+
+
+def test_claims_moving_together_go_to_a_node_with_room_for_all() -> None:
+    free = {"ssd": {"a": 100, "b": 30, "c": 60}, "thin": {"a": 100, "b": 90, "c": 20}}
+    sched = ["a", "b", "c"]
+    # b has the most of "thin" and c the most of "ssd", but only b has room for both
+    assert rules.group_target("a", {"ssd": 25, "thin": 50}, free, sched) == "b"
+    # both fit: the most free bytes over the classes
+    assert rules.group_target("a", {"ssd": 10, "thin": 10}, free, sched) == "b"
+    assert rules.group_target("a", {"ssd": 10}, free, sched) == "c"  # one class: target_node
+    with pytest.raises(rules.Refused) as e:
+        rules.group_target("a", {"ssd": 50, "thin": 50}, free, sched)
+    assert e.value.reason == "NoRoom" and "room for all the claims that move together" in str(e.value)
+    with pytest.raises(rules.Refused) as e:
+        rules.group_target("a", {"ssd": 25, "thin": 50}, free, sched, requested="c")
+    assert e.value.reason == "NoRoom" and e.value.message.startswith("node c has 20 B free")
+    assert rules.group_target("a", {"ssd": 25, "thin": 10}, free, sched, requested="c") == "c"

@@ -22,15 +22,8 @@ from topolvm.move.rules import Refused
 from topolvm.ops import move_cli
 from topolvm.ops.cluster import Common
 from topolvm.ops.follow import BarDisplay, LineDisplay
-from topolvm.ops.preflight import (
-    Facts,
-    copy_rates,
-    find_lv,
-    free_bytes,
-    preflight,
-    schedulable_nodes,
-    volume_size,
-)
+from topolvm.move.reads import free_bytes, schedulable_nodes
+from topolvm.ops.preflight import Facts, copy_rates, find_lv, preflight, volume_size
 from topolvm.ops.render import dry_run_text, outcome, progress_line, refusal_line
 
 Obj = dict[str, Any]
@@ -293,13 +286,13 @@ def test_refusal_line() -> None:
 
 
 def test_dry_run_text_says_where_why_how_much_and_how_long() -> None:
-    text = dry_run_text(preflight(facts(rates=[200 << 20]), NORMAL))
+    text = dry_run_text([preflight(facts(rates=[200 << 20]), NORMAL)])
     assert "would move claim shop/data-web-0 (used by pod web-0 of StatefulSet/web)" in text
     assert "from node n1 to node n2 (most free bytes in the default device class: 50.0 GiB)" in text
-    assert "at most 10.0 GiB (10737418240 bytes" in text
+    assert "data of data-web-0: at most 10.0 GiB (10737418240 bytes" in text
     assert "downtime: about 15 s (final copy of ~1.0 GiB at 200.0 MiB/s, measured" in text
     assert text.endswith("dry run: nothing was changed\n")
-    assumed = dry_run_text(preflight(facts(), NORMAL, requested="n4"))
+    assumed = dry_run_text([preflight(facts(), NORMAL, requested="n4")])
     assert "(requested with --to; 30.0 GiB free)" in assumed and "assumed" in assumed
 
 

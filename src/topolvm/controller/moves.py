@@ -34,6 +34,7 @@ from lightkube.resources.core_v1 import PersistentVolumeClaim
 from topolvm.constants import Names
 from topolvm.controller import movesteps
 from topolvm.controller.metrics import ControllerMetrics
+from topolvm.controller.movegroup import Group
 from topolvm.controller.movesteps import Rollback
 from topolvm.controller.nodecleanup import counted, run_controller
 from topolvm.controller.pvcresize import _AllNamespacesInformer
@@ -154,8 +155,17 @@ class MoveReconciler:
             status = replace(vm.status, phase=MovePhase.REFUSED, reason=r.reason,
                              message=r.message, completion_time=now())  # fmt: skip
         except Rollback as r:
-            status = replace(vm.status, phase=MovePhase.ROLLING_BACK, reason=r.reason,
-                             message=f"rolling back: {r.message}")  # fmt: skip
+            swapped = (await self._group(vm)).committed if vm.together else []
+            if swapped:  # a claim of the pod is moved already: this one can only go forward
+                log.error("a move cannot roll back", extra={
+                    "move": f"{vm.namespace}/{vm.name}", "detail": r.message})  # fmt: skip
+                status = replace(
+                    vm.status, message=f"cannot roll back ({r.message}): {', '.join(swapped)}, "
+                    "moved with this claim, swapped already; the move goes on once that is mended"
+                )  # fmt: skip
+            else:
+                status = replace(vm.status, phase=MovePhase.ROLLING_BACK, reason=r.reason,
+                                 message=f"rolling back: {r.message}")  # fmt: skip
         vm = await self._write(vm, status)
         if vm.done:
             return None
@@ -168,6 +178,7 @@ class MoveReconciler:
                 f"not {vm.name!r} (topolvm move does)"
             )  # fmt: skip
         plan = await self.steps.plan(vm)
+        (await self._group(vm)).check_agreed()
         await self.steps.ensure_finalizer(vm)
         # the old PV is set to Retain in PreCopy: first the status keeps its own policy
         return replace(
@@ -176,10 +187,16 @@ class MoveReconciler:
             f"{plan.target_node} while pod {plan.pod} runs",
         )  # fmt: skip
 
+    async def _group(self, vm: VolumeMoveObject) -> Group:
+        return await Group.read(self.client, self.names, vm)
+
     async def _precopy(self, vm: VolumeMoveObject) -> MoveStatus:
         s = vm.status
+        group = await self._group(vm)
+        group.check_alive()
         await self.steps.retain(s.old_pv)  # nothing deletes the original until the move is done
-        await self.steps.running_pod(vm)  # the pod stopped meanwhile: roll back
+        if not group.past_precopy:  # else the pod was stopped by the move of another claim
+            await self.steps.running_pod(vm)  # the pod stopped meanwhile: roll back
         request = VolumeRequest(
             s.target_volume, s.target_node, s.size_bytes, s.device_class,
             copy_source=s.source_volume, copy_keep_cut=True,
@@ -189,6 +206,9 @@ class MoveReconciler:
         progress = movesteps.progress(MovePhase.PRE_COPY, target)
         if not target.copy_done:
             return replace(s, **progress)
+        waiting = await group.waiting(self.store, MovePhase.PRE_COPY, "pre-copy")
+        if waiting:
+            return replace(s, **progress, message=waiting)
         precopied = target.copy.transferred_bytes if target.copy else 0
         return replace(
             s, **progress, phase=MovePhase.STOPPING, stop_time=now(), precopy_bytes=precopied,
@@ -197,6 +217,7 @@ class MoveReconciler:
 
     async def _stopping(self, vm: VolumeMoveObject) -> MoveStatus:
         s = vm.status
+        (await self._group(vm)).check_alive()
         waiting = await self.steps.stop_pod(vm)
         if waiting:
             return replace(s, message=waiting)
@@ -208,11 +229,16 @@ class MoveReconciler:
 
     async def _final(self, vm: VolumeMoveObject) -> MoveStatus:
         s = vm.status
+        group = await self._group(vm)
+        group.check_alive()
         await self.steps.no_pod_on_old_node(vm)
         target = await self.steps.target(None, s.target_volume)
         progress = movesteps.progress(MovePhase.FINAL_COPY, target)
         if not target.copy_done:
             return replace(s, **progress)
+        waiting = await group.waiting(self.store, MovePhase.FINAL_COPY, "final copy")
+        if waiting:
+            return replace(s, **progress, message=waiting)
         await self.steps.no_pod_on_old_node(vm)
         pvc = await api.get(self.client, PersistentVolumeClaim, vm.claim, namespace=vm.namespace)
         template = claims.claim_template(pvc) if pvc is not None else s.claim_template
@@ -235,6 +261,9 @@ class MoveReconciler:
 
     async def _starting(self, vm: VolumeMoveObject) -> MoveStatus:
         s = vm.status
+        waiting = await (await self._group(vm)).waiting(self.store, MovePhase.SWAPPING, "swap")
+        if waiting:  # the pod is let go once all its claims are on the target
+            return replace(s, message=waiting)
         waiting = await self.steps.start_pod(vm)
         if waiting:
             return replace(s, message=waiting)

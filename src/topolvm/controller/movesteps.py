@@ -5,21 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 from lightkube import AsyncClient
-from lightkube.resources.apps_v1 import Deployment, ReplicaSet
-from lightkube.resources.core_v1 import Node, PersistentVolume, PersistentVolumeClaim, Pod
+from lightkube.resources.core_v1 import PersistentVolume, PersistentVolumeClaim, Pod
 
-from topolvm import capacity_annotations
 from topolvm.constants import Names
 from topolvm.k8s import api
 from topolvm.k8s import errors as kube
 from topolvm.k8s.lvobject import CopyPhase, LogicalVolumeObject
 from topolvm.k8s.lvstore import IncompatibleVolume, LogicalVolumeStore, VolumeRequest
 from topolvm.k8s.moveobject import MovePhase, MoveStatus, VolumeMoveObject
-from topolvm.move import claims, rules
+from topolvm.move import claims, reads, rules
 
 log = logging.getLogger(__name__)
 BEFORE_SWAP = frozenset({MovePhase.PENDING, MovePhase.PRE_COPY, MovePhase.STOPPING,
@@ -49,13 +46,6 @@ def progress(phase: str, target: LogicalVolumeObject) -> dict[str, Any]:
             "progress": f"{phase} {pct}%"}  # fmt: skip
 
 
-def _ready(node: Mapping[str, Any]) -> bool:
-    for cond in (node.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "Ready":
-            return bool(cond.get("status") == "True")
-    return False
-
-
 class Steps:
     def __init__(
         self, client: AsyncClient, names: Names, store: LogicalVolumeStore, gate: str
@@ -72,36 +62,6 @@ class Steps:
         pods, _ = await api.list_all(self.client, Pod, namespace=namespace)
         return pods
 
-    async def _replicaset_owners(self, namespace: str, pods: list[api.Obj]) -> dict[str, Any]:
-        owners: dict[str, tuple[str, str, int]] = {}
-        for pod in pods:
-            for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
-                if ref.get("kind") != "ReplicaSet" or ref.get("name") in owners:
-                    continue
-                rs = await api.get(self.client, ReplicaSet, ref["name"], namespace=namespace)
-                owner = next((r for r in ((rs or {}).get("metadata") or {}).get(
-                    "ownerReferences") or [] if r.get("controller")), None)  # fmt: skip
-                if owner is None or owner.get("kind") != "Deployment":
-                    continue
-                dep = await api.get(self.client, Deployment, owner["name"], namespace=namespace)
-                replicas = int(((dep or {}).get("spec") or {}).get("replicas", 1) or 0)
-                owners[ref["name"]] = ("Deployment", str(owner["name"]), replicas)
-        return owners
-
-    async def _local_claims(self, ns: str, pod: api.Obj, claim: str) -> dict[str, str]:
-        """The pod's other claims whose volume is this driver's (claim → driver)."""
-        out = {}
-        for other in rules.claims_of(pod):
-            if other == claim:
-                continue
-            pvc = await api.get(self.client, PersistentVolumeClaim, other, namespace=ns)
-            volume = ((pvc or {}).get("spec") or {}).get("volumeName")
-            pv = await api.get(self.client, PersistentVolume, volume) if volume else None
-            driver = (((pv or {}).get("spec") or {}).get("csi") or {}).get("driver")
-            if driver == self.names.plugin:
-                out[other] = str(driver)
-        return out
-
     async def plan(self, vm: VolumeMoveObject) -> MoveStatus:
         """The checks, the source and target; raises :class:`rules.Refused`."""
         ns = vm.namespace
@@ -111,9 +71,17 @@ class Steps:
         rules.check_claim(vm.claim, pvc, pv, self.names.plugin)
         assert pvc is not None and pv is not None
         pods = await self._pods(ns)
-        work = rules.workload(vm.claim, pods, await self._replicaset_owners(ns, pods))
-        pod = next(p for p in pods if p["metadata"]["name"] == work.pod)
-        rules.alone(work.pod, vm.claim, await self._local_claims(ns, pod, vm.claim))
+        users = [p for p in pods if rules.uses_claim(p, vm.claim)]
+        owners = await reads.replicaset_owners(self.client, ns, users)
+        work = rules.workload(vm.claim, pods, owners)
+        pod = next(p for p in users if p["metadata"]["name"] == work.pod)
+        local = await reads.local_claims(self.client, self.names.plugin, ns, [pod], vm.claim)
+        rules.together(work.pod, vm.claim, local, vm.together)
+        if vm.together and not vm.target_node:
+            raise rules.Refused(
+                "NoTarget", "claims that move together name their target node: set the same "
+                "spec.targetNode on the VolumeMove of each (topolvm move does)"
+            )  # fmt: skip
         handle = str(pv["spec"]["csi"].get("volumeHandle") or "")
         source = await self.store.find_by_volume_id(handle)
         if source is None:
@@ -121,21 +89,11 @@ class Steps:
         if not source.ready or source.deleting:
             raise rules.Refused("SourceNotReady", f"LogicalVolume {source.name} is not ready")
         size = source.current_size or source.size
-        nodes, _ = await api.list_all(self.client, Node)
-        free: dict[str, int] = {}
-        schedulable = []
-        key = self.names.capacity_annotation(source.device_class)
-        for node in nodes:
-            meta = node.get("metadata") or {}
-            value = (meta.get("annotations") or {}).get(key)
-            parsed = capacity_annotations.parse_node_value(value) if value is not None else None
-            if parsed is None:
-                continue
-            free[str(meta["name"])] = parsed
-            if not (node.get("spec") or {}).get("unschedulable") and _ready(node):
-                schedulable.append(str(meta["name"]))
-        target = rules.target_node(source.node_name, size, free, schedulable, vm.target_node,
-                                   source.device_class)  # fmt: skip
+        nodes, _ = await api.list_all(self.client, reads.NODE)
+        target = rules.target_node(
+            source.node_name, size, reads.free_bytes(nodes, self.names, source.device_class),
+            reads.schedulable_nodes(nodes), vm.target_node, source.device_class,
+        )  # fmt: skip
         return MoveStatus(
             source_node=source.node_name, target_node=target, source_volume=source.name,
             target_volume=f"move-{vm.uid}", old_pv=str(pv["metadata"]["name"]),

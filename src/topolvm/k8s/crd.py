@@ -223,6 +223,13 @@ def volumemove_crd(group: str) -> dict[str, Any]:
                 "properties": {
                     "claim": _string("The PersistentVolumeClaim to move (same namespace)."),
                     "targetNode": _string("Where to; empty: the node with the most room."),
+                    "together": {
+                        "type": "array",
+                        "items": {"type": "string"},
+                        "maxItems": 16,
+                        "description": "The pod's other node-local claims, which move with "
+                        "this one (each has its VolumeMove, with the same targetNode).",
+                    },
                 },
                 "required": ["claim"],
                 "x-kubernetes-validations": [

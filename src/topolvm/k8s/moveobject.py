@@ -1,9 +1,10 @@
 """The VolumeMove custom resource as a typed view over its JSON (docs/mobility.md, "Move").
 
 A VolumeMove (namespaced, in its claim's namespace) asks topolvm-controller to move one
-PersistentVolumeClaim with its data to another node. ``spec`` is what was asked; ``status`` is
-the controller's record of the move's state machine, written after every step so that a
-restarted controller goes on from there:
+PersistentVolumeClaim with its data to another node; a pod's node-local claims move together,
+a VolumeMove each, listing the others in ``spec.together``. ``spec`` is what was asked;
+``status`` is the controller's record of the move's state machine, written after every step so
+that a restarted controller goes on from there:
 
     Pending → PreCopy → Stopping → FinalCopy → Swapping → Starting → Succeeded
                  └──────────┴──────────┴──→ RollingBack → RolledBack
@@ -116,6 +117,9 @@ class VolumeMoveObject:
     uid: str
     claim: str
     target_node: str = ""  # spec.targetNode: empty, the controller picks by capacity
+    # spec.together: the pod's other node-local claims, moved with this one (their
+    # VolumeMoves list this claim, and name the same target node)
+    together: tuple[str, ...] = ()
     status: MoveStatus = field(default_factory=MoveStatus)
     created: str = ""
     deleting: bool = False
@@ -134,17 +138,23 @@ class VolumeMoveObject:
             uid=str(meta.get("uid") or ""),
             claim=str(spec.get("claim") or ""),
             target_node=str(spec.get("targetNode") or ""),
+            together=tuple(sorted({str(c) for c in spec.get("together") or [] if c})),
             status=MoveStatus.from_dict(obj.get("status")),
             created=str(meta.get("creationTimestamp") or ""),
             deleting=bool(meta.get("deletionTimestamp")),
         )
 
 
-def manifest(group: str, namespace: str, claim: str, target_node: str = "") -> dict[str, Any]:
-    """A new VolumeMove for ``claim`` (named after it: one move per claim at a time)."""
+def manifest(
+    group: str, namespace: str, claim: str, target_node: str = "", together: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """A new VolumeMove for ``claim`` (named after it: one move per claim at a time), moved
+    with the claims ``together`` (each gets its own VolumeMove listing the others)."""
     spec: dict[str, Any] = {"claim": claim}
     if target_node:
         spec["targetNode"] = target_node
+    if together:
+        spec["together"] = sorted(together)
     return {
         "apiVersion": f"{group}/v1",
         "kind": KIND,

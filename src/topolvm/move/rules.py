@@ -7,7 +7,7 @@ says why. Objects are the API's JSON.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,16 +90,25 @@ def claims_of(pod: Obj) -> list[str]:
     return out
 
 
-def alone(pod_name: str, claim: str, others: Mapping[str, str]) -> None:
-    """The pod's other claims (``others``: claim → its volume's CSI driver, for those of the
-    pod besides ``claim``) are not node-local too: a pod cannot run where only one of its
-    node-local claims is."""
+def together(pod_name: str, claim: str, others: Mapping[str, str], listed: Collection[str]) -> None:
+    """The pod's other node-local claims (``others``: claim → its volume's CSI driver, for
+    the pod's claims besides ``claim`` that are this driver's) are exactly the claims
+    ``listed`` to move with ``claim``: a pod cannot run where only some of its node-local
+    claims are."""
     local = sorted(c for c, driver in others.items() if c != claim and driver)
-    if local:
+    missing = [c for c in local if c not in listed]
+    if missing:
         raise Refused(
-            "OtherLocalClaims", f"pod {pod_name} also uses {', '.join(local)}, node-local "
-            f"too: its claims would have to move together, which a move does not do (yet); "
-            f"the pod would not start on the target with {claim} alone"
+            "OtherLocalClaims", f"pod {pod_name} also uses {', '.join(missing)}, node-local "
+            f"too: they must move with {claim}, or the pod could not start on the target "
+            "(topolvm move moves a pod's claims together; a VolumeMove lists them in "
+            "spec.together)"
+        )  # fmt: skip
+    extra = sorted(set(listed) - set(local) - {claim})
+    if extra:
+        raise Refused(
+            "NotTogether", f"{', '.join(extra)} listed to move with {claim} "
+            f"{'is' if len(extra) == 1 else 'are'} not a node-local claim of pod {pod_name}"
         )  # fmt: skip
 
 
@@ -187,6 +196,33 @@ def target_node(
             f"is {human(max(others))})"
         )  # fmt: skip
     return min(fits, key=lambda nb: (-nb[1], nb[0]))[0]
+
+
+def group_target(
+    source: str, needs: Mapping[str, int], free: Mapping[str, Mapping[str, int]],
+    schedulable: Iterable[str], requested: str = "",
+) -> str:  # fmt: skip
+    """The target of claims that move together: ``needs`` is device class → bytes they take
+    there, ``free`` device class → node → free bytes. ``requested`` if it has room in every
+    class; else the schedulable node (not the source) with room in all of them and the most
+    free bytes. One claim: the same as :func:`target_node`."""
+    ok = frozenset(schedulable)
+    fits: set[str] | None = None
+    for dc, size in sorted(needs.items()):
+        chosen = target_node(source, size, free.get(dc, {}), ok, requested, dc)
+        room = {chosen} if requested else {
+            n for n, b in free.get(dc, {}).items() if n != source and n in ok and b >= size
+        }  # fmt: skip
+        fits = room if fits is None else fits & room
+    if not fits:
+        wanted = ", ".join(f"{human(b)} in {dc or 'the default device class'}"
+                           for dc, b in sorted(needs.items()))  # fmt: skip
+        raise Refused(
+            "NoRoom", f"no other schedulable node has room for all the claims that move "
+            f"together ({wanted})"
+        )  # fmt: skip
+    total = {n: sum(free.get(dc, {}).get(n, 0) for dc in needs) for n in fits}
+    return min(fits, key=lambda n: (-total[n], n))
 
 
 @dataclass(frozen=True)

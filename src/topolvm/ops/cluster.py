@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,23 +15,12 @@ from topolvm.constants import Names
 from topolvm.k8s import api
 from topolvm.k8s import errors as kube
 from topolvm.k8s.moveobject import GROUP, PLURAL, VolumeMoveObject, manifest
-from topolvm.move.rules import Refused, claims_of, uses_claim
-from topolvm.ops.preflight import (
-    Facts,
-    Obj,
-    copy_rates,
-    find_lv,
-    free_bytes,
-    schedulable_nodes,
-)
+from topolvm.move import reads
+from topolvm.move.reads import NODE, POD, PV, PVC
+from topolvm.move.rules import Refused, uses_claim
+from topolvm.ops.preflight import Facts, Obj, copy_rates, find_lv
 
-PVC = create_namespaced_resource("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims")
-PV = create_global_resource("", "v1", "PersistentVolume", "persistentvolumes")
-POD = create_namespaced_resource("", "v1", "Pod", "pods")
-NODE = create_global_resource("", "v1", "Node", "nodes")
 STORAGE_CLASS = create_global_resource("storage.k8s.io", "v1", "StorageClass", "storageclasses")
-REPLICA_SET = create_namespaced_resource("apps", "v1", "ReplicaSet", "replicasets")
-DEPLOYMENT = create_namespaced_resource("apps", "v1", "Deployment", "deployments")
 PDB = create_namespaced_resource("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets")
 DELETE_WAIT = 30.0  # seconds a finished VolumeMove may take to go before a new one replaces it
 
@@ -88,36 +76,6 @@ async def read_common(client: AsyncClient, names: Names) -> Common:
     return Common(nodes[0], volumes, {name_of(sc): sc for sc in classes[0]})
 
 
-async def replicaset_owners(
-    client: AsyncClient, namespace: str, pods: Iterable[Obj]
-) -> dict[str, tuple[str, str, int]]:
-    """ReplicaSet → (its controller's kind, name, Deployment's ``spec.replicas``) for the
-    ReplicaSets that control ``pods`` (see :func:`topolvm.move.rules.workload`)."""
-    wanted = {
-        str(ref.get("name"))
-        for pod in pods
-        for ref in (pod.get("metadata") or {}).get("ownerReferences") or []
-        if ref.get("controller") and ref.get("kind") == "ReplicaSet"
-    }
-    out: dict[str, tuple[str, str, int]] = {}
-    for rs_name in sorted(wanted):
-        rs = await api.get(client, REPLICA_SET, rs_name, namespace=namespace)
-        refs = ((rs or {}).get("metadata") or {}).get("ownerReferences") or []
-        owner = next((r for r in refs if r.get("controller")), None)
-        if owner is None:
-            continue  # rules.workload reads it as a bare ReplicaSet
-        kind, name = str(owner.get("kind") or ""), str(owner.get("name") or "")
-        replicas = 0
-        if kind == "Deployment":
-            deploy = await api.get(client, DEPLOYMENT, name, namespace=namespace)
-            if deploy is None:
-                continue  # orphaned: nothing re-creates its pod for a Deployment
-            value = (deploy.get("spec") or {}).get("replicas")
-            replicas = 1 if value is None else int(value)  # the API's default is 1
-        out[rs_name] = (kind, name, replicas)
-    return out
-
-
 async def claim_facts(
     client: AsyncClient, names: Names, common: Common, namespace: str, claim: str,
     *, pvc: Obj | None = None, pods: list[Obj] | None = None,
@@ -136,23 +94,41 @@ async def claim_facts(
         raw = await api.get(client, move_resource(names), claim, namespace=namespace)
         existing = None if raw is None else VolumeMoveObject.from_dict(raw)
     users = [p for p in pods if uses_claim(p, claim)]
-    local: dict[str, str] = {}
-    for other in {c for p in users for c in claims_of(p)} - {claim}:
-        other_pvc = await api.get(client, PVC, other, namespace=namespace)
-        volume_of = str(((other_pvc or {}).get("spec") or {}).get("volumeName") or "")
-        other_pv = await api.get(client, PV, volume_of) if volume_of else None
-        driver = (((other_pv or {}).get("spec") or {}).get("csi") or {}).get("driver")
-        if driver == names.plugin:
-            local[other] = str(driver)
+    local = await reads.local_claims(client, names.plugin, namespace, users, claim)
     lv = find_lv(common.lvs, pv)
     dc = common.device_class(pvc, lv, names)
     return Facts(
         namespace=namespace, claim=claim, pvc=pvc, pv=pv, pods=pods,
-        replicaset_owner=await replicaset_owners(client, namespace, users), device_class=dc,
-        free=free_bytes(common.nodes, names, dc), schedulable=schedulable_nodes(common.nodes),
+        replicaset_owner=await reads.replicaset_owners(client, namespace, users),
+        device_class=dc, free=reads.free_bytes(common.nodes, names, dc),
+        schedulable=reads.schedulable_nodes(common.nodes),
         lv=lv, rates=copy_rates(common.lvs),
         existing=existing, local_claims=local,
     )  # fmt: skip
+
+
+async def group_facts(
+    client: AsyncClient, names: Names, common: Common, namespace: str, claim: str,
+    *, pvc: Obj | None = None, pods: list[Obj] | None = None,
+    moves: dict[str, VolumeMoveObject] | None = None,
+) -> list[Facts]:  # fmt: skip
+    """The facts of ``claim`` and of the other node-local claims of its pod (which move with
+    it), that claim's first. ``moves``: every VolumeMove by ``namespace/name``, read already."""
+
+    def existing(name: str) -> dict[str, Any]:
+        if moves is None:
+            return {}
+        return {"existing": moves.get(f"{namespace}/{name}"), "read_existing": False}
+
+    first = await claim_facts(
+        client, names, common, namespace, claim, pvc=pvc, pods=pods, **existing(claim)
+    )
+    group = [first]
+    for other in sorted(first.local_claims):
+        group.append(await claim_facts(
+            client, names, common, namespace, other, pods=first.pods, **existing(other)
+        ))  # fmt: skip
+    return group
 
 
 async def list_moves(client: AsyncClient, names: Names) -> dict[str, VolumeMoveObject]:
@@ -174,9 +150,10 @@ async def get_move(
 
 async def start_move(
     client: AsyncClient, names: Names, namespace: str, claim: str, target: str = "",
-    *, replace_done: bool = False,
+    *, together: tuple[str, ...] = (), replace_done: bool = False,
 ) -> VolumeMoveObject:  # fmt: skip
-    """Create the VolumeMove of ``claim``. With ``replace_done`` a finished VolumeMove of the
+    """Create the VolumeMove of ``claim`` (moved with the claims ``together``, to the same
+    ``target``). With ``replace_done`` a finished VolumeMove of the
     claim (same name) is deleted first. Refused when one is in progress (a race with another
     client); CannotCheck when the VolumeMove CRD is not installed."""
     res = move_resource(names)
@@ -198,7 +175,7 @@ async def start_move(
                         "being deleted: try again once it is gone"
                     )  # fmt: skip
                 await asyncio.sleep(0.5)
-    body = manifest(GROUP, namespace, claim, target)
+    body = manifest(GROUP, namespace, claim, target, together)
     try:
         created = await api.create(client, res.from_dict(body))
     except kube.AlreadyExists:
@@ -213,6 +190,11 @@ async def start_move(
             f"upgrade TopoLVM's CRDs ({e})"
         ) from e
     return VolumeMoveObject.from_dict(created)
+
+
+async def cancel_move(client: AsyncClient, names: Names, namespace: str, name: str) -> None:
+    """Delete a VolumeMove (before its swap, topolvm-controller rolls it back)."""
+    await api.delete(client, move_resource(names), name, namespace=namespace)
 
 
 async def set_cordon(client: AsyncClient, node: str, cordoned: bool) -> None:

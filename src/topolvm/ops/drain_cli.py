@@ -27,6 +27,7 @@ from topolvm.constants import Names, names
 from topolvm.k8s import api
 from topolvm.k8s.api import make_client
 from topolvm.k8s.errors import KubeError
+from topolvm.move import reads
 from topolvm.ops import cluster, pdb
 from topolvm.ops.drain_run import Result, Survey, execute, survey
 from topolvm.ops.move_cli import add_client_args, node_name
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def drain(client: AsyncClient, n: Names, args: argparse.Namespace, out: TextIO) -> int:
     try:
-        node = await api.get(client, cluster.NODE, args.node)
+        node = await api.get(client, reads.NODE, args.node)
         if node is None:
             raise cluster.CannotCheck(f"node {args.node} does not exist")
         cordoned_before = bool((node.get("spec") or {}).get("unschedulable"))

@@ -14,10 +14,10 @@ from lightkube import ALL_NS, AsyncClient
 from topolvm.constants import Names
 from topolvm.k8s import api
 from topolvm.k8s import errors as kube
-from topolvm.move import rules
+from topolvm.move import reads, rules
 from topolvm.move.rules import Refused
 from topolvm.ops import cluster, pdb
-from topolvm.ops.preflight import Obj, Plan, preflight
+from topolvm.ops.preflight import Obj, Plan, preflight_together
 from topolvm.ops.render import outcome, progress_line
 
 POLL_SECONDS = 1.0
@@ -52,8 +52,8 @@ async def survey(client: AsyncClient, names: Names, node: str) -> Survey:
     pick: each claim's volume is counted against its target's free bytes before the next is
     placed, so that room for all of them is checked, not only for each alone."""
     common = await cluster.read_common(client, names)
-    pvs, _ = await api.list_all(client, cluster.PV)
-    pvcs, _ = await api.list_all(client, cluster.PVC, namespace=ALL_NS)
+    pvs, _ = await api.list_all(client, reads.PV)
+    pvcs, _ = await api.list_all(client, reads.PVC, namespace=ALL_NS)
     by_key = {(str(p["metadata"].get("namespace")), cluster.name_of(p)): p for p in pvcs}
     moves = await cluster.list_moves(client, names)
     claims = claims_on(pvs, node, names)
@@ -61,21 +61,27 @@ async def survey(client: AsyncClient, names: Names, node: str) -> Survey:
     pods: dict[str, list[Obj]] = {}
     remaining: dict[str, dict[str, int]] = {}  # device class → node → bytes not yet promised
     for ns in sorted({ns for ns, _ in claims}):
-        pods[ns] = (await api.list_all(client, cluster.POD, namespace=ns))[0]
+        pods[ns] = (await api.list_all(client, reads.POD, namespace=ns))[0]
         out.pdbs[ns] = (await api.list_all(client, cluster.PDB, namespace=ns))[0]
+    planned: set[tuple[str, str]] = set()
     for ns, claim in claims:
-        facts = await cluster.claim_facts(
+        if (ns, claim) in planned:
+            continue  # it moves with another claim of its pod
+        group = await cluster.group_facts(
             client, names, common, ns, claim, pvc=by_key.get((ns, claim)), pods=pods[ns],
-            existing=moves.get(f"{ns}/{claim}"), read_existing=False,
+            moves=moves,
         )  # fmt: skip
-        free = remaining.setdefault(facts.device_class, dict(facts.free))
+        left = [dataclasses.replace(f, free=remaining.setdefault(f.device_class, dict(f.free)))
+                for f in group]  # fmt: skip
         try:
-            plan = preflight(dataclasses.replace(facts, free=free), names)
+            plans = preflight_together(left, names)
         except Refused as e:
             out.refused.append((f"{ns}/{claim}", e))
             continue
-        free[plan.target] -= plan.size
-        out.plans.append(plan)
+        for plan in plans:
+            remaining[plan.device_class][plan.target] -= plan.size
+            planned.add((ns, plan.claim))
+            out.plans.append(plan)
     return out
 
 
@@ -129,23 +135,19 @@ async def execute(
         for plan in list(pending):
             if len(running) >= max_parallel:
                 break
+            if plan not in pending:
+                continue  # started with another claim of its pod
             why = _why_wait(plan, running, pdbs)
             if why:
                 if waiting_for.get(plan.key) != why:
                     waiting_for[plan.key] = why
                     print(f"[{plan.key}] waits: {why}", file=out, flush=True)
                 continue
-            pending.remove(plan)
-            try:
-                await cluster.start_move(
-                    client, names, plan.namespace, plan.claim, replace_done=bool(plan.replaces)
-                )
-            except Refused as e:
-                results.append(Result(plan.key, False, f"refused ({e.reason}): {e.message}"))
-                continue
-            running[plan.key] = _Running(plan)
-            print(f"[{plan.key}] VolumeMove created (pod {plan.pod}, node {plan.source} → "
-                  f"expected {plan.target})", file=out, flush=True)  # fmt: skip
+            group = [plan] + [q for q in pending if q.namespace == plan.namespace
+                              and q.claim in plan.together]  # fmt: skip
+            for q in group:
+                pending.remove(q)
+            results.extend(await _start(client, names, group, running, out))
         if not (pending or running):
             break
         if deadline is not None and loop.time() >= deadline:
@@ -157,6 +159,30 @@ async def execute(
             break
         await asyncio.sleep(POLL_SECONDS)
     return results
+
+
+async def _start(
+    client: AsyncClient, names: Names, group: list[Plan], running: dict[str, _Running],
+    out: TextIO,
+) -> list[Result]:  # fmt: skip
+    """Create the VolumeMoves of a pod's claims; if one is refused, the others are cancelled
+    (they would wait for it), and end as rolled back."""
+    created: list[Plan] = []
+    for plan in group:
+        try:
+            await cluster.start_move(
+                client, names, plan.namespace, plan.claim, plan.target_node,
+                together=plan.together, replace_done=bool(plan.replaces),
+            )  # fmt: skip
+        except Refused as e:
+            for other in created:
+                await cluster.cancel_move(client, names, other.namespace, other.claim)
+            return [Result(plan.key, False, f"refused ({e.reason}): {e.message}")]
+        created.append(plan)
+        running[plan.key] = _Running(plan)
+        print(f"[{plan.key}] VolumeMove created (pod {plan.pod}, node {plan.source} → "
+              f"expected {plan.target})", file=out, flush=True)  # fmt: skip
+    return []
 
 
 async def _refresh_pdbs(

@@ -26,9 +26,9 @@ class Display(Protocol):
 
 
 class LineDisplay:
-    """One line per phase change, with its message (logs, pipes)."""
+    """One line per phase change, with its message (logs, pipes); none with ``out`` None."""
 
-    def __init__(self, out: TextIO, prefix: str = "") -> None:
+    def __init__(self, out: TextIO | None, prefix: str = "") -> None:
         self.out, self.prefix, self.phase = out, prefix, ""
 
     def update(self, move: VolumeMoveObject) -> None:
@@ -37,7 +37,8 @@ class LineDisplay:
             self.note(progress_line(move.status, self.prefix))
 
     def note(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        if self.out is not None:
+            print(text, file=self.out, flush=True)
 
     def close(self) -> None:
         pass

@@ -22,11 +22,12 @@ from topolvm.k8s.errors import KubeError
 from topolvm.move.rules import Refused
 from topolvm.ops import cluster
 from topolvm.ops.follow import BarDisplay, Display, LineDisplay, Timeout, follow
-from topolvm.ops.preflight import Plan, preflight
+from topolvm.ops.preflight import Plan, preflight_together
 from topolvm.ops.render import dry_run_text, follow_hint, outcome, refusal_line
 from topolvm.units import human
 
 REFUSED, CANNOT_CHECK, INTERRUPTED = 1, 2, 130
+OTHERS_WAIT = 120.0  # seconds the moves of the other claims may end after the one asked for
 _CLAIM_KINDS = ("pvc", "pvcs", "persistentvolumeclaim", "persistentvolumeclaims")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
@@ -99,47 +100,69 @@ def run(args: argparse.Namespace) -> int:
 
 async def check(
     client: AsyncClient, n: Names, namespace: str, claim: str, target: str = ""
-) -> Plan:
-    """The live pre-flight of one claim (raises Refused)."""
+) -> list[Plan]:
+    """The live pre-flight of ``claim`` and of the pod's other node-local claims, which move
+    with it (raises Refused); ``claim``'s plan first."""
     common = await cluster.read_common(client, n)
-    facts = await cluster.claim_facts(client, n, common, namespace, claim)
-    return preflight(facts, n, target)
+    group = await cluster.group_facts(client, n, common, namespace, claim)
+    return preflight_together(group, n, target)
 
 
 async def move(client: AsyncClient, n: Names, namespace: str, args: argparse.Namespace) -> int:
     try:
         try:
-            plan = await check(client, n, namespace, args.claim, args.to or "")
+            plans = await check(client, n, namespace, args.claim, args.to or "")
         except Refused as e:
             print(refusal_line("move", e), file=sys.stderr)
             return REFUSED
         if args.dry_run:
-            sys.stdout.write(dry_run_text(plan))
+            sys.stdout.write(dry_run_text(plans))
             return 0
+        created: list[str] = []
         try:
-            await cluster.start_move(
-                client, n, namespace, plan.claim, args.to or "", replace_done=bool(plan.replaces)
-            )
+            for plan in plans:
+                await cluster.start_move(
+                    client, n, namespace, plan.claim, plan.target_node,
+                    together=plan.together, replace_done=bool(plan.replaces),
+                )  # fmt: skip
+                created.append(plan.claim)
         except Refused as e:
             print(refusal_line("move", e), file=sys.stderr)
+            for claim in created:  # the others wait for this one: cancel them (nothing moved)
+                await cluster.cancel_move(client, n, namespace, claim)
             return REFUSED
+        plan = plans[0]
+        with_text = f" with {', '.join(plan.together)}" if plan.together else ""
         print(
-            f"moving claim {plan.key}: node {plan.source} → {plan.target}"
-            f"{'' if plan.requested else ' (expected: the controller picks)'} (at most "
-            f"{human(plan.size)}); VolumeMove {plan.key} created"
+            f"moving claim {plan.key}{with_text}: node {plan.source} → {plan.target}"
+            f"{'' if plan.target_node else ' (expected: the controller picks)'} (at most "
+            f"{human(sum(p.size for p in plans))}); VolumeMove"
+            f"{'s' if len(plans) > 1 else ''} {', '.join(p.key for p in plans)} created"
         )
         if args.no_wait:
             print(follow_hint(namespace))
             return 0
-        return await watch(client, n, namespace, plan.claim, args.timeout)
+        code = await watch(client, n, namespace, plan.claim, args.timeout)
+        for other in plan.together:  # they end with it: the pod starts once all are swapped
+            code = max(code, await watch(client, n, namespace, other, OTHERS_WAIT, quiet=True))
+        return code
     finally:
         await client.close()
 
 
 async def watch(
-    client: AsyncClient, n: Names, namespace: str, name: str, timeout: float | None
-) -> int:
-    display: Display = BarDisplay(sys.stderr) if sys.stderr.isatty() else LineDisplay(sys.stdout)
+    client: AsyncClient, n: Names, namespace: str, name: str, timeout: float | None,
+    *, quiet: bool = False,
+) -> int:  # fmt: skip
+    """Follow the VolumeMove ``name`` to its end and print how it ended (``quiet``: only
+    that); the exit code."""
+    display: Display
+    if quiet:
+        display = LineDisplay(None)
+    elif sys.stderr.isatty():
+        display = BarDisplay(sys.stderr)
+    else:
+        display = LineDisplay(sys.stdout)
     try:
         done = await follow(client, n, namespace, name, display, timeout)
     except Timeout as e:

@@ -4,11 +4,10 @@ becomes a :class:`Plan` or a :class:`~topolvm.move.rules.Refused`, by the checks
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from topolvm.capacity_annotations import parse_node_value
 from topolvm.constants import Names
 from topolvm.k8s.lvobject import InvalidQuantity, LogicalVolumeObject, parse_quantity
 from topolvm.k8s.moveobject import VolumeMoveObject
@@ -56,40 +55,17 @@ class Plan:
     device_class: str
     estimate: Estimate
     replaces: str = ""  # phase of a finished VolumeMove of the claim that is replaced
+    together: tuple[str, ...] = ()  # the pod's other node-local claims, which move with it
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.claim}"
 
-
-def free_bytes(nodes: Iterable[Obj], names: Names, device_class: str) -> dict[str, int]:
-    """Node → free bytes of ``device_class``, for nodes whose topolvm-node reports it (the
-    ``capacity.<plugin>/<class>`` annotation); unreadable values are left out."""
-    key = names.capacity_annotation(device_class)
-    out: dict[str, int] = {}
-    for node in nodes:
-        meta = node.get("metadata") or {}
-        value = (meta.get("annotations") or {}).get(key)
-        if value is None:
-            continue
-        parsed = parse_node_value(str(value))
-        if parsed is not None:
-            out[str(meta.get("name"))] = parsed
-    return out
-
-
-def is_ready(node: Obj) -> bool:
-    conditions = (node.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-def schedulable_nodes(nodes: Iterable[Obj]) -> frozenset[str]:
-    """Nodes that are neither cordoned (``spec.unschedulable``) nor not Ready."""
-    return frozenset(
-        str((n.get("metadata") or {}).get("name"))
-        for n in nodes
-        if not (n.get("spec") or {}).get("unschedulable") and is_ready(n)
-    )
+    @property
+    def target_node(self) -> str:
+        """The VolumeMove's ``spec.targetNode``: claims that move together name theirs (one
+        target for all); else only a requested one (the controller picks by capacity)."""
+        return self.target if self.requested or self.together else ""
 
 
 def copy_rates(lvs: Iterable[Obj]) -> list[int]:
@@ -163,11 +139,55 @@ def check_volume(lv: Obj | None, pv: Obj) -> None:
 
 def preflight(facts: Facts, names: Names, requested: str = "") -> Plan:
     """The move of ``facts.claim`` to ``requested`` (or the node with the most free bytes);
-    raises :class:`Refused` as topolvm-controller would."""
+    raises :class:`Refused` as topolvm-controller would. A claim whose pod has other
+    node-local claims: see :func:`preflight_together`."""
+    return preflight_together([facts], names, requested)[0]
+
+
+def preflight_together(group: Sequence[Facts], names: Names, requested: str = "") -> list[Plan]:
+    """The moves of the claims of ``group`` (the first: the claim asked for; the others: the
+    other node-local claims of its pod) to one target node, which has room for all of them."""
+    first = group[0]
+    checked = [_check(facts, names, tuple(f.claim for f in group)) for facts in group]
+    source, work = checked[0]
+    for facts, (other_source, other_work) in zip(group[1:], checked[1:], strict=True):
+        if other_work.pod != work.pod or other_source != source:
+            raise Refused(
+                "NotTogether", f"claim {facts.claim} (pod {other_work.pod}, node "
+                f"{other_source}) does not move with {first.claim} (pod {work.pod}, node "
+                f"{source})"
+            )  # fmt: skip
+    sizes = [volume_size(f.lv, f.pv) for f in group]
+    needs: dict[str, int] = {}
+    free: dict[str, Mapping[str, int]] = {}
+    for facts, size in zip(group, sizes, strict=True):
+        needs[facts.device_class] = needs.get(facts.device_class, 0) + size
+        free[facts.device_class] = facts.free
+    target = rules.group_target(source, needs, free, first.schedulable, requested)
+    labels = {}
+    for pod in first.pods:
+        if (pod.get("metadata") or {}).get("name") == work.pod:
+            labels = dict((pod.get("metadata") or {}).get("labels") or {})
+    plans = []
+    for facts, size in zip(group, sizes, strict=True):
+        plans.append(Plan(
+            namespace=facts.namespace, claim=facts.claim, pod=work.pod,
+            owner=f"{work.owner_kind}/{work.owner}", pod_labels=labels, source=source,
+            target=target, requested=bool(requested),
+            target_free=facts.free.get(target, 0), size=size, device_class=facts.device_class,
+            estimate=rules.estimate(size, facts.rates),
+            replaces=check_existing(facts.claim, facts.existing),
+            together=tuple(f.claim for f in group if f.claim != facts.claim),
+        ))  # fmt: skip
+    return plans
+
+
+def _check(facts: Facts, names: Names, group: tuple[str, ...]) -> tuple[str, rules.Workload]:
+    """The checks of one claim of a group: its source node and its pod."""
     claim = facts.claim
     rules.check_claim(claim, facts.pvc, facts.pv, names.plugin)
     assert facts.pv is not None  # check_claim refuses a claim without one
-    replaces = check_existing(claim, facts.existing)
+    check_existing(claim, facts.existing)
     source = rules.source_node(facts.pv, names.topology_key)
     if not source:
         pv_name = (facts.pv.get("metadata") or {}).get("name")
@@ -176,20 +196,6 @@ def preflight(facts: Facts, names: Names, requested: str = "") -> Plan:
             "node affinity: its node is unknown"
         )  # fmt: skip
     work = rules.workload(claim, facts.pods, facts.replicaset_owner)
-    rules.alone(work.pod, claim, facts.local_claims)
+    rules.together(work.pod, claim, facts.local_claims, [c for c in group if c != claim])
     check_volume(facts.lv, facts.pv)
-    size = volume_size(facts.lv, facts.pv)
-    target = rules.target_node(
-        source, size, facts.free, facts.schedulable, requested, facts.device_class
-    )
-    labels = {}
-    for pod in facts.pods:
-        if (pod.get("metadata") or {}).get("name") == work.pod:
-            labels = dict((pod.get("metadata") or {}).get("labels") or {})
-    return Plan(
-        namespace=facts.namespace, claim=claim, pod=work.pod,
-        owner=f"{work.owner_kind}/{work.owner}", pod_labels=labels, source=source,
-        target=target, requested=bool(requested), target_free=facts.free.get(target, 0),
-        size=size, device_class=facts.device_class, estimate=rules.estimate(size, facts.rates),
-        replaces=replaces,
-    )  # fmt: skip
+    return source, work

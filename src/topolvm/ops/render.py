@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from topolvm.k8s.moveobject import MovePhase, MoveStatus, VolumeMoveObject
-from topolvm.move.rules import Estimate, Refused
+from topolvm.move.rules import RESTART_SECONDS, Estimate, Refused
 from topolvm.ops.preflight import Plan
 from topolvm.units import human
 
@@ -36,17 +36,37 @@ def downtime_text(est: Estimate) -> str:
     )
 
 
-def dry_run_text(plan: Plan) -> str:
-    """What ``topolvm move --dry-run`` says it would do."""
-    lines = [
-        f"would move claim {plan.key} (used by pod {plan.pod} of {plan.owner})",
-        f"  from node {plan.source} to node {plan.target} ({why_target(plan)})",
-        f"  data: at most {human(plan.size)} ({plan.size} bytes, the volume's size; zero and "
-        "unwritten blocks do not travel), most of it while the pod runs",
-        f"  downtime: {downtime_text(plan.estimate)}",
-    ]
-    if plan.replaces:
-        lines.append(f"  the finished VolumeMove {plan.key} ({plan.replaces}) would be replaced")
+def together_estimate(plans: list[Plan]) -> Estimate:
+    """The estimate of moves made together: their final copies add up; the pod stops once."""
+    est = plans[0].estimate
+    delta = sum(p.estimate.delta_bytes for p in plans)
+    return Estimate(
+        sum(p.estimate.precopy_bytes for p in plans),
+        delta,
+        est.rate,
+        est.measured,
+        RESTART_SECONDS + delta / est.rate,
+    )
+
+
+def dry_run_text(plans: list[Plan]) -> str:
+    """What ``topolvm move --dry-run`` says it would do (the claim asked for first, then the
+    other node-local claims of its pod, which move with it)."""
+    plan = plans[0]
+    lines = [f"would move claim {plan.key} (used by pod {plan.pod} of {plan.owner})"]
+    if plan.together:
+        lines.append(f"  together with {', '.join(plan.together)}: pod {plan.pod} uses "
+                     "them too, and can only run where all its node-local claims are")  # fmt: skip
+    lines.append(f"  from node {plan.source} to node {plan.target} ({why_target(plan)})")
+    for p in plans:
+        lines.append(
+            f"  data of {p.claim}: at most {human(p.size)} ({p.size} bytes, the volume's "
+            "size; zero and unwritten blocks do not travel), most of it while the pod runs"
+        )  # fmt: skip
+    lines.append(f"  downtime: {downtime_text(together_estimate(plans))}")
+    for p in plans:
+        if p.replaces:
+            lines.append(f"  the finished VolumeMove {p.key} ({p.replaces}) would be replaced")
     lines.append("dry run: nothing was changed")
     return "\n".join(lines) + "\n"
 
