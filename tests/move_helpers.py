@@ -30,11 +30,25 @@ WRITER = (
 
 
 def writer_set(
-    name: str, sc: str, group: str, size: str = "1Gi", replicas: int = 1
+    name: str, sc: str, group: str, size: str = "1Gi", replicas: int = 1, logs_sc: str = ""
 ) -> dict[str, Any]:
     """A one-replica StatefulSet (claim ``data-<name>-0``) whose pod writes without pause, on
-    a node of ``group``."""
+    a node of ``group``; with ``logs_sc`` its pods mount a second claim (``logs-<name>-0``,
+    512 MiB) at /logs."""
     labels = {"app": name}
+    mounts = [{"name": "data", "mountPath": "/data"}]
+    templates = [{
+        "metadata": {"name": "data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": sc,
+                 "resources": {"requests": {"storage": size}}},
+    }]  # fmt: skip
+    if logs_sc:
+        mounts.append({"name": "logs", "mountPath": "/logs"})
+        templates.append({
+            "metadata": {"name": "logs"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": logs_sc,
+                     "resources": {"requests": {"storage": "512Mi"}}},
+        })  # fmt: skip
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {"name": name, "namespace": NS},
@@ -48,15 +62,11 @@ def writer_set(
                     "nodeSelector": {GROUP_LABEL: group},
                     "containers": [{
                         "name": "writer", "image": busybox(), "command": ["sh", "-c", WRITER],
-                        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                        "volumeMounts": mounts,
                     }],
                 },
             },
-            "volumeClaimTemplates": [{
-                "metadata": {"name": "data"},
-                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": sc,
-                         "resources": {"requests": {"storage": size}}},
-            }],
+            "volumeClaimTemplates": templates,
         },
     }  # fmt: skip
 

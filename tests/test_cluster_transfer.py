@@ -11,6 +11,7 @@ import contextlib
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -241,16 +242,29 @@ def refused(client_node: UmlNode, server: UmlNode) -> Iterator[None]:
         subprocess.run(["nft", "delete", "table", "inet", "topolvm_test_refuse"], check=False)
 
 
-async def test_a_statefulset_claim_moves_to_another_node_losing_no_write(abc: Scenario) -> None:
-    """The pod writes a numbered, synced log without pause through the pre-copy; on the target
-    the log holds every line written up to the pod's stop (its last line "stop N" too), a
-    file written before the move is intact, and the old volume is gone."""
-    async with _writer(abc) as w:
-        await start_move(abc.client, w.claim, w.target)
+async def test_a_pods_two_claims_move_together_losing_no_write(abc: Scenario) -> None:
+    """``topolvm move`` of a StatefulSet pod's claim: its pod also mounts a thick claim, and
+    both move, to one node. The pod writes a numbered, synced log without pause through the
+    pre-copy; on the target the log holds every line written up to the pod's stop (its last
+    line "stop N" too), the files written before the move are intact on both claims, and the
+    old volumes are gone."""
+    async with _writer(abc, logs=True) as w:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "topolvm", "move", "-n", NS, f"pvc/{w.claim}",
+            f"--to={w.target}", f"--kubeconfig={abc.cp.kubeconfig}", "--timeout=10m",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        out = (await proc.communicate())[0].decode()
+        print(out)  # the numbers, for the record
+        assert proc.returncode == 0, out
+        assert f"moving claim {NS}/{w.claim} with {w.logs}" in out
+        assert f"moved claim {NS}/{w.claim} from node {w.source} to node {w.target}" in out
+        assert f"moved claim {NS}/{w.logs} from node {w.source} to node {w.target}" in out
         vm = await move_done(abc.client, w.claim)
         assert vm.status.phase == MovePhase.SUCCEEDED, vm.status
-        print(f"move: {vm.status.message}")  # the numbers, for the record
-        await w.check(vm)
+        logs = await move_done(abc.client, w.logs)
+        assert logs.status.phase == MovePhase.SUCCEEDED, logs.status
+        await w.check(vm, logs)
         # the final copy sent what changed since the pre-copy, not the volume again
         assert 0 < vm.status.delta_bytes < vm.status.precopy_bytes
         assert vm.status.downtime_seconds > 0
@@ -348,11 +362,12 @@ async def test_a_drain_moves_every_claim_within_the_disruption_budget(abc: Scena
 
 
 class _Writer:
-    def __init__(self, s: Scenario, name: str) -> None:
+    def __init__(self, s: Scenario, name: str, logs: bool = False) -> None:
         self.s = s
         self.name = name
         self.pod, self.claim = f"{name}-0", f"data-{name}-0"
-        self.source = self.target = self.blob = ""
+        self.logs = f"logs-{name}-0" if logs else ""  # a second claim of the pod (thick)
+        self.source = self.target = self.blob = self.logs_blob = ""
         self.written = 0
 
     async def start(self) -> None:
@@ -364,10 +379,14 @@ class _Writer:
         self.target = next(n.name for n in s.nodes if n.name != self.source)
         self.blob = s.exec(self.pod, "head -c 48m /dev/urandom > /data/blob; sync; "
                            "sha256sum /data/blob")  # fmt: skip
+        if self.logs:
+            self.logs_blob = s.exec(self.pod, "head -c 16m /dev/urandom > /logs/blob; sync; "
+                                    "sha256sum /logs/blob")  # fmt: skip
         self.written = int(s.exec(self.pod, "wc -l < /data/log"))
 
-    async def check(self, vm: VolumeMoveObject) -> None:
-        """Moved: the pod runs on the target with every write and the blob; the old LV gone."""
+    async def check(self, vm: VolumeMoveObject, logs: VolumeMoveObject | None = None) -> None:
+        """Moved: the pod runs on the target with every write and the blobs; the old LVs
+        gone."""
         s = self.s
         assert vm.status.source_node == self.source and vm.status.target_node == self.target
         await s.running(self.pod)
@@ -375,26 +394,31 @@ class _Writer:
         assert moved is not None and moved["spec"]["nodeName"] == self.target
         check_log(s.exec(self.pod, "cat /data/log").split("\n"), self.written)
         assert s.exec(self.pod, "sha256sum /data/blob") == self.blob
+        if logs is not None:
+            assert s.exec(self.pod, "sha256sum /logs/blob") == self.logs_blob
         res = api.logicalvolume_resource(s.names)
-        await eventually(
-            "the old LogicalVolume gone", lambda: _gone(s, res, vm.status.source_volume)
-        )
+        for done in (vm, logs) if logs is not None else (vm,):
+            old = done.status.source_volume
+            await eventually(f"the old LogicalVolume {old} gone", partial(_gone, s, res, old))
 
 
 @contextlib.asynccontextmanager
-async def _writer(s: Scenario) -> AsyncIterator[_Writer]:
-    """A writing StatefulSet on a thin claim, with the move webhook; all removed after."""
+async def _writer(s: Scenario, logs: bool = False) -> AsyncIterator[_Writer]:
+    """A writing StatefulSet on a thin claim (and a thick one, with ``logs``), with the move
+    webhook; all removed after."""
     thin = s.sc(device_class="thin", fs_type="xfs")
-    w = _Writer(s, unique("mv"))
-    s.claims.append(w.claim)
+    w = _Writer(s, unique("mv"), logs)
+    s.claims.extend(c for c in (w.claim, w.logs) if c)
     async with move_webhook(s.cp, s.client):
-        s.cp.apply(writer_set(w.name, thin, s.group))
+        s.cp.apply(writer_set(w.name, thin, s.group, logs_sc=s.sc() if logs else ""))
         try:
             await w.start()
             yield w
         finally:
             s.cp.kubectl("delete", "statefulset", w.name, "-n", NS, "--wait=true", check=False)
-            await delete_move(s.client, w.claim)
+            for c in (w.claim, w.logs):
+                if c:
+                    await delete_move(s.client, c)
 
 
 async def _gone(s: Scenario, res: Any, name: str) -> bool:

@@ -231,7 +231,8 @@ def test_claims_moving_together_go_to_a_node_with_room_for_all() -> None:
     assert rules.group_target("a", {"ssd": 10}, free, sched) == "c"  # one class: target_node
     with pytest.raises(rules.Refused) as e:
         rules.group_target("a", {"ssd": 50, "thin": 50}, free, sched)
-    assert e.value.reason == "NoRoom" and "room for all the claims that move together" in str(e.value)
+    assert e.value.reason == "NoRoom"
+    assert "room for all the claims that move together" in e.value.message
     with pytest.raises(rules.Refused) as e:
         rules.group_target("a", {"ssd": 25, "thin": 50}, free, sched, requested="c")
     assert e.value.reason == "NoRoom" and e.value.message.startswith("node c has 20 B free")

@@ -281,3 +281,31 @@ async def test_moves_run_within_the_budget_and_the_node_stays_cordoned(
     assert "drain of node n1: 2 of 2 claim(s) moved" in out and "n1 stays cordoned" in out
     assert cordoned(emu, "n1")
     assert {m["spec"]["claim"] for m in emu.list("volumemoves")} == {"data-web-0", "data-web-1"}
+
+
+async def test_a_pods_claims_are_drained_together(
+    emu: KubeEmulator, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """web-0 mounts two claims on n1: both go, at once, to one node with room for both, even
+    with --max-parallel 1."""
+    seed(emu)
+    for obj in (
+        claim("logs-web-0", "pv-2"), volume("pv-2", "logs-web-0", "n1", "vol-2"),
+        logical_volume("pv-2", "vol-2", "25Gi"),  # with data-web-0's 10: only n2 has room
+        pod("web-0", ["data-web-0", "logs-web-0"], ("StatefulSet", "web"), {"app": "web"}),
+    ):  # fmt: skip
+        emu.create(obj)
+    assert await run_cli("drain", "n1", "--dry-run", "--kubeconfig", kubeconfig) == 0
+    out = capsys.readouterr().out
+    assert "node n1: 2 TopoLVM claim(s); 2 would move, 0 refused" in out
+    assert out.count("to node n2 (expected") == 2, out
+    argv = ["drain", "n1", "--max-parallel", "1", "--timeout", "3s", "--kubeconfig", kubeconfig]
+    assert await run_cli(*argv) == 1  # nothing moves them here: not done in time
+    out = capsys.readouterr().out
+    assert "[shop/data-web-0] VolumeMove created" in out
+    assert "[shop/logs-web-0] VolumeMove created" in out
+    specs = {m["spec"]["claim"]: m["spec"] for m in emu.list("volumemoves")}
+    assert specs == {
+        "data-web-0": {"claim": "data-web-0", "targetNode": "n2", "together": ["logs-web-0"]},
+        "logs-web-0": {"claim": "logs-web-0", "targetNode": "n2", "together": ["data-web-0"]},
+    }

@@ -18,11 +18,11 @@ from tests.kube_fixtures import write_kubeconfig
 from topolvm import cli
 from topolvm.constants import NORMAL
 from topolvm.k8s.moveobject import MoveStatus, VolumeMoveObject
+from topolvm.move.reads import free_bytes, schedulable_nodes
 from topolvm.move.rules import Refused
 from topolvm.ops import move_cli
 from topolvm.ops.cluster import Common
 from topolvm.ops.follow import BarDisplay, LineDisplay
-from topolvm.move.reads import free_bytes, schedulable_nodes
 from topolvm.ops.preflight import Facts, copy_rates, find_lv, preflight, volume_size
 from topolvm.ops.render import dry_run_text, outcome, progress_line, refusal_line
 
