@@ -1,5 +1,6 @@
 """What the node-to-node copy asks of lvmd, against real LVM inside User-Mode Linux: thick
 (COW) snapshots as large as their origin, which then cannot grow or be removed under them; a
+move's cut with a smaller area on a VG without the room, and its overflow seen; a
 volume's device, size and chunk (DescribeLV); a thin volume's mapped blocks from a reserved
 metadata snapshot (ThinMappings), also after a reservation was left behind; a thin volume
 discarded reads as zeros again; where a thin snapshot maps other blocks than an older one
@@ -20,6 +21,7 @@ from tests.lvmd_lvm_helpers import MiB, both, lv_report, vg_free  # noqa: F401
 from topolvm.proto import lvmd_pb2 as pb
 from topolvm.proto import volumedata_pb2 as vd
 from topolvm.transfer.blockio import Volume
+from topolvm.transfer.errors import SourceFailed
 
 pytestmark = pytest.mark.uml
 
@@ -49,6 +51,53 @@ async def test_a_thick_snapshot_is_as_large_as_its_origin_and_guards_it(both: Lv
     assert resized.size_bytes == 2 * GiB
     described = await both.data.DescribeLV(vd.DescribeLVRequest(name="k"))
     assert not described.cow_origin and described.size_bytes == 2 * GiB
+
+
+async def test_a_cut_without_room_for_a_whole_one_is_smaller_and_says_when_it_overflows(
+    both: LvmdClient,
+) -> None:
+    """CreateCut (a move's cut): as large as its origin when there is room; else as large as
+    the room (at least min_cow_bytes), and once the origin changed by more, DescribeLV says so
+    and reading it fails. (Cuts, like snapshots, may use the device class's spare.)"""
+    await both.lv.CreateLV(pb.CreateLVRequest(name="k", size_bytes=2 * GiB))
+
+    def cut(name: str, min_cow: int) -> vd.CreateCutRequest:
+        return vd.CreateCutRequest(name=name, source_volume="k", min_cow_bytes=min_cow,
+                                   tags=["topolvm/cut"])  # fmt: skip
+
+    whole = await both.data.CreateCut(cut("k-room", 24 * MiB))
+    assert whole.cow_bytes == 2 * GiB and whole.path == "/dev/vg1/k-room"
+    await both.lv.RemoveLV(pb.RemoveLVRequest(name="k-room"))
+
+    free = (await both.vg.GetFreeBytes(pb.GetFreeBytesRequest())).free_bytes  # less the spare
+    await both.lv.CreateLV(pb.CreateLVRequest(name="fill", size_bytes=free - 256 * MiB))
+    left = vg_free("vg1")  # the spare and 256 MiB
+    assert left < 2 * GiB
+    whole_only = pb.CreateLVSnapshotRequest(name="k-cut", source_volume="k", access_type="ro")
+    code, _ = await code_of(both.lv.CreateLVSnapshot(whole_only))
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    code, _ = await code_of(both.data.CreateCut(cut("k-cut", left + 8 * MiB)))
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    made = await both.data.CreateCut(cut("k-cut", 256 * MiB))
+    assert left - 4 * MiB <= made.cow_bytes <= left and made.cow_bytes % (4 * MiB) == 0
+    assert (await both.data.CreateCut(cut("k-cut", 256 * MiB))).cow_bytes == made.cow_bytes
+    check = vd.DescribeLVRequest(name="k-cut", check_snapshot=True)
+    described = await both.data.DescribeLV(check)
+    assert not described.invalid and described.cow_bytes == made.cow_bytes
+    assert lv_report("vg1")["k-cut"]["lv_attr"][1] == "r"
+
+    # the origin changes by more than the area holds
+    _run("dd", "if=/dev/zero", "of=/dev/vg1/k", "bs=4M", f"count={made.cow_bytes // (4 * MiB) + 8}",
+         "oflag=direct")  # fmt: skip
+    assert (await both.data.DescribeLV(check)).invalid
+    cut_volume = Volume("/dev/vg1/k-cut", writable=False)
+    try:
+        with pytest.raises(SourceFailed):
+            cut_volume.read_into(memoryview(bytearray(MiB)), 0)
+    finally:
+        cut_volume.close()
+    code, _ = await code_of(both.data.CreateCut(cut("k-cut", -1)))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def _lv_fields(full: str, fields: str) -> dict[str, str]:

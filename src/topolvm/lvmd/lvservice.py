@@ -11,6 +11,7 @@ from grpclib.const import Status
 from topolvm.config.lvmd import DeviceClass, LvmdConfig
 from topolvm.constants import SIZE_ALIGNMENT
 from topolvm.lvm import validate
+from topolvm.lvm.command import LvmRunner
 from topolvm.lvm.errors import InvalidInput, LvmError
 from topolvm.lvm.report import (
     LV_FIELDS,
@@ -38,6 +39,19 @@ def _no_space(free: int, requested: int) -> status.StatusError:
     return status.ResourceExhausted(
         f"no enough space left on VG: free={free}, requested={requested}",
     )
+
+
+async def cow_state(runner: LvmRunner, full_name: str) -> tuple[bool, int]:
+    """Whether the COW snapshot ``full_name`` overflowed (``lv_attr`` state ``I``, invalid, or
+    ``S``, invalid and suspended; or its area full), and its copy-on-write area: read now."""
+    doc = await runner.report("lvs", full_name, "-o", "lv_attr,lv_size,snap_percent")
+    try:
+        row = doc["report"][0]["lv"][0]
+        attr, size = str(row["lv_attr"]), int(row["lv_size"])
+        full = float(row.get("snap_percent") or 0) >= 100.0
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise status.Internal(f"lvs printed no state for {full_name}: {doc}") from e
+    return attr[4:5] in ("I", "S") or full, size
 
 
 class LVService:
@@ -307,6 +321,17 @@ class LVService:
             raise InvalidInput(f"size_bytes must not be negative, got {request.size_bytes}")
         if request.access_type not in ("ro", "rw"):
             raise InvalidInput(f"access_type must be 'ro' or 'rw', got {request.access_type!r}")
+        snap, _ = await self.snapshot(dc, name, source, tags, request.size_bytes,
+                                      request.access_type)  # fmt: skip
+        return pb.CreateLVSnapshotResponse(snapshot=to_pb(snap, full=False))
+
+    async def snapshot(
+        self, dc: DeviceClass, name: str, source: str, tags: list[str], size: int, access: str,
+        min_cow: int | None = None,
+    ) -> tuple[LvRecord, int]:  # fmt: skip
+        """A snapshot of ``source`` (validated arguments) and its copy-on-write area (0 for a
+        thin one). A thick one's area is as large as its origin, or with ``min_cow`` as large
+        as the room left if that is less (at least ``min_cow``; see volumedata.proto)."""
         async with self.state.lock:
             # The source's lv_attr decides what it is; LVs lvmd changed since the last report
             # carry no attr yet, so read the real state first.
@@ -324,7 +349,7 @@ class LVService:
                                              f"{dc.name}")  # fmt: skip
             if not dc.is_thin and src.origin:
                 raise status.InvalidArgument(f"{src.full_name} is itself a COW snapshot")
-            desired = request.size_bytes or src.size
+            desired = size or src.size
             if desired < src.size:
                 raise status.OutOfRange(
                     f"requested size {desired} is smaller than the source volume size {src.size}",
@@ -334,28 +359,33 @@ class LVService:
             existing = report.find_lv(pool.vg.name, name)
             if existing is not None:
                 report, pool, existing = await self._activated_or_lost(dc, report, pool, existing)
+            if existing is not None and existing.origin == source and min_cow:
+                if dc.is_thin:
+                    return existing, 0
+                return existing, (await cow_state(self.runner, existing.full_name))[1]
             if existing is not None:
                 if existing.origin == source and existing.size >= desired:
-                    return pb.CreateLVSnapshotResponse(snapshot=to_pb(existing, full=False))
+                    return existing, 0 if dc.is_thin else existing.size
                 raise status.AlreadyExists(
                     f"logical volume {existing.full_name} already exists",
                 )
             free = pool.free(report)
-            if free < desired:
+            cow = desired
+            if not dc.is_thin and free < desired and min_cow:
+                step = pool.vg.extent_size or (4 << 20)
+                cow = free // step * step  # all the room there is, in whole extents
+                if cow < max(min_cow, step):
+                    raise _no_space(free, min_cow)
+            if free < cow:
                 raise _no_space(free, desired)
-            snap = await self._snapshot_locked(pool, src, name, tags, desired, request.access_type)
+            snap = await self._snapshot_locked(pool, src, name, tags, desired, access, cow)
             self.state.update_locked(with_lv(report, snap))
-        return pb.CreateLVSnapshotResponse(snapshot=to_pb(snap, full=False))
+        return snap, 0 if dc.is_thin else cow
 
     async def _snapshot_locked(
-        self,
-        pool: Pool,
-        src: LvRecord,
-        name: str,
-        tags: list[str],
-        desired: int,
-        access: str,
-    ) -> LvRecord:
+        self, pool: Pool, src: LvRecord, name: str, tags: list[str], desired: int, access: str,
+        cow: int,
+    ) -> LvRecord:  # fmt: skip
         vg = pool.vg.name
         thin = pool.thin_pool is not None
         # A thick (COW) snapshot as large as its origin can never fill up and become invalid;
@@ -363,7 +393,9 @@ class LVService:
         # 512 KiB chunks (LVM's largest; its default is 4 KiB): a copy reads the snapshot
         # in 1 MiB pieces, and each chunk is a lookup in dm-snapshot (4 KiB chunks made a
         # copy's reads cost 4 times the CPU in the guests of the test bed)
-        size_args = ["-k", "n"] if thin else ["-c", "512k", "-l", "100%ORIGIN"]
+        whole = cow >= src.size
+        size_args = ["-k", "n"] if thin else ["-c", "512k", *(
+            ["-l", "100%ORIGIN"] if whole else ["-L", f"{cow}b"])]  # fmt: skip
         grow = thin and desired > src.size
         # read-only from its creation (one LVM command less) unless it grows first
         permission = ["-p", "r"] if access == "ro" and not grow else []

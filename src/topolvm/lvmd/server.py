@@ -67,7 +67,7 @@ class LvmdServer:
         self.state = LvmState(self.runner)
         self.lv = LVService(config, self.state)
         self.vg = VGService(config, self.state)
-        self.data = VolumeDataService(config, self.state)
+        self.data = VolumeDataService(config, self.state, self.lv)
         self.health = Health()
         self.parts = parts if parts is not None else Parts("lvmd")
         self.device_events: DeviceEvents | None = None

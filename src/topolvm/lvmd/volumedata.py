@@ -8,6 +8,9 @@ with ``thin_dump -m``, and releases it, under lvmd's lock (one reservation per p
 and no LVM change runs meanwhile). A reservation left by a killed lvmd is released and made
 again.
 
+``CreateCut`` makes a copy's point-in-time cut (a snapshot); a thick one whose origin's device
+class lacks the room for a copy-on-write area as large as the origin may get a smaller one.
+
 ``ThinDelta`` says where a thin volume maps other blocks than a base in the same pool (a thin
 snapshot taken earlier, which shares the blocks not written since): both volumes' mappings
 come from one reservation, so they are of the same instant.
@@ -24,6 +27,7 @@ from topolvm.lvm.errors import LvmError
 from topolvm.lvm.report import LvRecord, Report, has_cow_snapshot
 from topolvm.lvm.thinmap import ThinDump, ThinDumpError, changed_ranges, dm_name
 from topolvm.lvmd.capacity import find_pool
+from topolvm.lvmd.lvservice import LVService, cow_state
 from topolvm.lvmd.service import block_device, resolve, rpc_of, translate
 from topolvm.lvmd.state import LvmState
 from topolvm.proto import volumedata_pb2 as pb
@@ -37,9 +41,10 @@ BATCH = 1 << 16  # ranges per streamed message (about 1 MiB)
 
 
 class VolumeDataService:
-    def __init__(self, config: LvmdConfig, state: LvmState):
+    def __init__(self, config: LvmdConfig, state: LvmState, lv: LVService | None = None):
         self.config = config
         self.state = state
+        self.lv = lv  # CreateCut makes its snapshots
         self.runner = state.runner
         self._chunks: dict[str, int] = {}  # "vg/pool" -> chunk size: fixed for a pool's life
 
@@ -88,9 +93,32 @@ class VolumeDataService:
         if dev is None:
             raise status.FailedPrecondition(f"logical volume {lv.full_name} is not active")
         chunk = await self._chunk(lv.vg_name, lv.pool_lv) if lv.pool_lv else 0
-        return pb.DescribeLVResponse(path=path, size_bytes=dev[2], thin=bool(lv.pool_lv),
-                                     chunk_bytes=chunk, uuid=lv.uuid,
-                                     cow_origin=has_cow_snapshot(report, lv))  # fmt: skip
+        reply = pb.DescribeLVResponse(path=path, size_bytes=dev[2], thin=bool(lv.pool_lv),
+                                      chunk_bytes=chunk, uuid=lv.uuid,
+                                      cow_origin=has_cow_snapshot(report, lv))  # fmt: skip
+        if request.check_snapshot and lv.origin and not lv.pool_lv:
+            reply.invalid, reply.cow_bytes = await cow_state(self.runner, lv.full_name)
+        return reply
+
+    @rpc
+    async def CreateCut(
+        self, request: pb.CreateCutRequest, context: Context
+    ) -> pb.CreateCutResponse:
+        if self.lv is None:
+            raise status.Unimplemented("this lvmd makes no cuts")
+        dc = resolve(self.config, request.device_class)
+        name = validate.lv_name(request.name)
+        source = validate.lv_name(request.source_volume, "source_volume")
+        tags = [validate.tag(t) for t in request.tags]
+        if request.min_cow_bytes < 0:
+            raise status.InvalidArgument(
+                f"min_cow_bytes must not be negative, got {request.min_cow_bytes}"
+            )
+        snap, cow = await self.lv.snapshot(dc, name, source, tags, 0, "ro",
+                                           request.min_cow_bytes or None)  # fmt: skip
+        if cow:
+            log.info("thick cut", extra={"lv": snap.full_name, "cow_bytes": cow})
+        return pb.CreateCutResponse(path=snap.path, cow_bytes=cow)
 
     @status.stream_rpc(SERVICE, translate)
     async def ThinMappings(

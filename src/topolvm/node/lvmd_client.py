@@ -39,8 +39,9 @@ class LvmdClient(Protocol):
     async def get_free_bytes(self, device_class: str) -> int: ...
     def watch(self) -> AsyncIterator[pb.WatchResponse]: ...
     async def describe_lv(
-        self, name: str, device_class: str, with_uuid: bool = False
+        self, name: str, device_class: str, with_uuid: bool = False, check_snapshot: bool = False
     ) -> vd.DescribeLVResponse: ...
+    async def create_cut(self, request: vd.CreateCutRequest) -> vd.CreateCutResponse: ...
     def thin_mappings(self, name: str, device_class: str) -> AsyncIterator[tuple[int, int]]: ...
     def thin_delta(
         self, name: str, base: str, device_class: str
@@ -116,10 +117,15 @@ class SocketLvmd:
             raise _from_rpc_error(e) from None
 
     async def describe_lv(
-        self, name: str, device_class: str, with_uuid: bool = False
+        self, name: str, device_class: str, with_uuid: bool = False, check_snapshot: bool = False
     ) -> vd.DescribeLVResponse:
-        req = vd.DescribeLVRequest(name=name, device_class=device_class, with_uuid=with_uuid)
+        req = vd.DescribeLVRequest(name=name, device_class=device_class, with_uuid=with_uuid,
+                                   check_snapshot=check_snapshot)  # fmt: skip
         reply: vd.DescribeLVResponse = await self._call(_DATA, "DescribeLV", req, self.timeout)
+        return reply
+
+    async def create_cut(self, request: vd.CreateCutRequest) -> vd.CreateCutResponse:
+        reply: vd.CreateCutResponse = await self._call(_DATA, "CreateCut", request, self.timeout)
         return reply
 
     async def _range_stream(self, method: str, req: Any) -> AsyncIterator[tuple[int, int]]:
@@ -201,10 +207,14 @@ class EmbeddedLvmd:
             yield msg
 
     async def describe_lv(
-        self, name: str, device_class: str, with_uuid: bool = False
+        self, name: str, device_class: str, with_uuid: bool = False, check_snapshot: bool = False
     ) -> vd.DescribeLVResponse:
-        req = vd.DescribeLVRequest(name=name, device_class=device_class, with_uuid=with_uuid)
+        req = vd.DescribeLVRequest(name=name, device_class=device_class, with_uuid=with_uuid,
+                                   check_snapshot=check_snapshot)  # fmt: skip
         return await self._server.data.DescribeLV(req, self._ctx)
+
+    async def create_cut(self, request: vd.CreateCutRequest) -> vd.CreateCutResponse:
+        return await self._server.data.CreateCut(request, self._ctx)
 
     async def thin_mappings(self, name: str, device_class: str) -> AsyncIterator[tuple[int, int]]:
         req = vd.ThinMappingsRequest(name=name, device_class=device_class)

@@ -32,6 +32,7 @@ from topolvm.k8s import errors as kube
 from topolvm.k8s.lvobject import InvalidQuantity, LogicalVolumeObject
 from topolvm.k8s.runtime import Informer
 from topolvm.node.volumes import (
+    CutOverflowed,
     Cuts,
     LvmdVolumes,
     NoRoomForCut,
@@ -47,6 +48,10 @@ from topolvm.transfer.metrics import TransferMetrics
 from topolvm.transfer.server import TransferServer
 
 log = logging.getLogger(__name__)
+# the least copy-on-write area of a move's thick cut, as a share of its origin, when the node
+# has no room for one as large as the origin: the first cut lives while the pod writes (1/8),
+# the second while it is stopped (1/32)
+MOVE_COW_SHARE = (8, 32)
 
 
 class TransferService:
@@ -140,7 +145,7 @@ class TransferService:
         dc = source.device_class
         try:
             return await self._cuts(target, source, dc)
-        except NoRoomForCut as e:
+        except (NoRoomForCut, CutOverflowed) as e:
             if not target.copy_keep_cut:
                 raise  # a restore or clone waits for room
             # a move fails its copy now and rolls back, rather than keep its pod down waiting
@@ -149,14 +154,25 @@ class TransferService:
     async def _cuts(
         self, target: LogicalVolumeObject, source: LogicalVolumeObject, dc: str
     ) -> tuple[str, str]:
+        """A move's thick cuts may be smaller than their origin on a node without room for
+        whole ones (:data:`MOVE_COW_SHARE`); one that overflowed fails the copy."""
+        size = source.current_size or source.size
+        keep = target.copy_keep_cut
         if target.copy_round < 2:
-            return await self.cuts.ensure(target.uid, source.volume_id, dc), ""
+            first = await self.cuts.ensure(target.uid, source.volume_id, dc,
+                                           size // MOVE_COW_SHARE[0] if keep else 0)  # fmt: skip
+            if keep:
+                await self.cuts.check(target.uid, dc)  # a job resumed after its reads failed
+            return first, ""
         if target.uid not in await self.cuts.listed(dc, strict=True):
             raise Refused(
                 "unknown-job", f"the first cut of {source.name} that {target.name} was filled "
                 "from is gone: the move's final copy cannot be a delta"
             )  # fmt: skip
-        second = await self.cuts.ensure(round_two(target.uid), source.volume_id, dc)
+        await self.cuts.check(target.uid, dc)  # the delta's base, kept while the pod ran
+        job = round_two(target.uid)
+        second = await self.cuts.ensure(job, source.volume_id, dc, size // MOVE_COW_SHARE[1])
+        await self.cuts.check(job, dc)
         return second, cut_name(target.uid)
 
     # -- cuts -----------------------------------------------------------------------------

@@ -5,7 +5,8 @@ point-in-time cuts of live volumes (:class:`Cuts`).
 
 A copy never reads a live volume: it reads a snapshot, or a *cut*, an LVM snapshot of the live
 volume made for one copy job (a thin snapshot, or a COW snapshot as large as its origin, which
-cannot fill up) and named after the job, ``cut.<target LogicalVolume UID>``, so a resumed job
+cannot fill up; for a move, on a node without that much room, a smaller one, which fails the
+copy if it fills up) and named after the job, ``cut.<target LogicalVolume UID>``, so a resumed job
 or a restarted node finds the same one. The node that holds the source makes it when the job
 first asks, and removes it once the job's target is filled or gone.
 """
@@ -18,8 +19,10 @@ from grpclib.const import Status
 
 from topolvm.node.lvmd_client import LvmdCallError, LvmdClient
 from topolvm.proto import lvmd_pb2 as pb
+from topolvm.proto import volumedata_pb2 as vd
 from topolvm.transfer.errors import SourceFailed, TransferError
 from topolvm.transfer.jobs import VolumeInfo
+from topolvm.units import human
 
 log = logging.getLogger(__name__)
 CUT_PREFIX = "cut."
@@ -89,17 +92,40 @@ class LvmdVolumes:
             return None
 
 
+def _cut_failed(source: str, e: LvmdCallError) -> SourceFailed:
+    if e.code is Status.RESOURCE_EXHAUSTED:
+        return NoRoomForCut(f"no room for the copy's point-in-time cut of {source}: {e.message}")
+    return SourceFailed(f"cannot cut {source} for the copy: {e.message}")
+
+
 class NoRoomForCut(SourceFailed):
     """The source's VG has no room for a cut (a thick one is as large as its origin)."""
+
+
+class CutOverflowed(SourceFailed):
+    """A thick cut with a smaller copy-on-write area than its origin filled up: it reads as
+    I/O errors, and no retry mends it."""
 
 
 class Cuts:
     def __init__(self, lvmd: LvmdClient) -> None:
         self.lvmd = lvmd
 
-    async def ensure(self, job_uid: str, source: str, device_class: str) -> str:
-        """The cut of LV ``source`` for job ``job_uid`` (made now, or found from before)."""
+    async def ensure(self, job_uid: str, source: str, device_class: str, min_cow: int = 0) -> str:
+        """The cut of LV ``source`` for job ``job_uid`` (made now, or found from before). With
+        ``min_cow``, a thick cut may get a smaller copy-on-write area than its origin when its
+        VG lacks the room, at least that much (lvmd's CreateCut; see :meth:`check`)."""
         name = cut_name(job_uid)
+        if min_cow:
+            cut = vd.CreateCutRequest(name=name, device_class=device_class,
+                                      source_volume=source, tags=[CUT_TAG],
+                                      min_cow_bytes=min_cow)  # fmt: skip
+            try:
+                await self.lvmd.create_cut(cut)
+                return name
+            except LvmdCallError as e:
+                if e.code is not Status.UNIMPLEMENTED:  # else an older lvmd: a whole cut
+                    raise _cut_failed(source, e) from e
         req = pb.CreateLVSnapshotRequest(
             name=name,
             device_class=device_class,
@@ -110,12 +136,25 @@ class Cuts:
         try:
             await self.lvmd.create_lv_snapshot(req)
         except LvmdCallError as e:
-            if e.code is Status.RESOURCE_EXHAUSTED:
-                raise NoRoomForCut(
-                    f"no room for the copy's point-in-time cut of {source}: {e.message}"
-                ) from e
-            raise SourceFailed(f"cannot cut {source} for the copy: {e.message}") from e
+            raise _cut_failed(source, e) from e
         return name
+
+    async def check(self, job_uid: str, device_class: str) -> None:
+        """Raise :class:`CutOverflowed` if the job's cut is a thick one that overflowed (its
+        origin changed by more than its copy-on-write area); a cut not there is no error."""
+        name = cut_name(job_uid)
+        try:
+            reply = await self.lvmd.describe_lv(name, device_class, check_snapshot=True)
+        except LvmdCallError as e:
+            if e.code is Status.NOT_FOUND:
+                return
+            raise SourceFailed(f"lvmd cannot check the cut {name}: {e.message}") from e
+        if reply.invalid:
+            raise CutOverflowed(
+                f"the point-in-time cut {name} overflowed: the volume changed by more than its "
+                f"{human(reply.cow_bytes)} copy-on-write area since the cut was made (its node "
+                "had no room for a larger one)"
+            )  # fmt: skip
 
     async def remove(self, job_uid: str, device_class: str) -> bool:
         """Remove the job's cut; False if there was none."""
