@@ -372,9 +372,11 @@ class LVService:
             free = pool.free(report)
             cow = desired
             if not dc.is_thin and free < desired and min_cow:
+                # a quarter of the room (other cuts may come: a pod's other claims, a drain's
+                # other moves), at least min_cow; in whole extents
                 step = pool.vg.extent_size or (4 << 20)
-                cow = free // step * step  # all the room there is, in whole extents
-                if cow < max(min_cow, step):
+                cow = -(-max(min_cow, free // 4, step) // step) * step
+                if cow > free:
                     raise _no_space(free, min_cow)
             if free < cow:
                 raise _no_space(free, desired)
