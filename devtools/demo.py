@@ -12,10 +12,11 @@
 4.-6. its busybox containers write into their volumes, read back with ``kubectl exec``; a pod
    replaced by the StatefulSet finds its data; a volume is resized online (``df`` in the
    container);
-6.-7. a thin volume's snapshot is restored for a pod on another node, copied there by
+6.-8. a thin volume's snapshot is restored for a pod on another node, copied there by
    topolvm-node; vault-2's thick audit volume is snapshotted onto another node, deleted, and
-   restored from there for a new vault-2 (devtools/demo_data.py);
-8.-9. the cluster's view, then everything is removed and stopped.
+   restored from there for a new vault-2; a fourth node joins and ``topolvm move`` moves the
+   replica alone on its node there, both claims, while it runs (devtools/demo_data.py);
+9.-10. the cluster's view, then everything is removed and stopped.
 
 Nothing outlives the process: its network namespace (and the TAP links in it) ends with it, and
 every child process and UML guest is killed with it. Logs stay in .cache/demo/ until the next run.
@@ -59,6 +60,7 @@ from devtools.demo_steps import (
     show_yaml,
     until,
     vault_statefulset,
+    webhook_trusted,
 )
 from devtools.testbed import chart
 from devtools.testbed.process import become_subreaper, enter_private_netns, reap_leftovers
@@ -70,7 +72,7 @@ SECRET = "cat /vault/data/secret.txt"
 
 @dataclass
 class Demo(VolumeSteps):
-    """Steps 2 to 9, on the test bed that step 1 started (6 and 7 in devtools/demo_data.py)."""
+    """Steps 2 to 10, on the test bed that step 1 started (6 to 8 in devtools/demo_data.py)."""
 
     steps: Steps = field(default_factory=Steps)
 
@@ -103,6 +105,8 @@ class Demo(VolumeSteps):
         until("CSIStorageCapacity objects for 3 nodes x 2 StorageClasses",
               lambda: len(caps := capacities(cp)) >= 6
               and all(v not in ("", "0") for v in caps.values()), 120, self.logs)  # fmt: skip
+        until("the pod webhook trusted (topolvm-controller wrote its caBundle)",
+              lambda: webhook_trusted(cp), 120, self.logs)  # fmt: skip
 
     # --- 3 ------------------------------------------------------------------------------
 
@@ -196,7 +200,7 @@ class Demo(VolumeSteps):
             "still there")  # fmt: skip
         kubectl(cp, "get", "pvc", pvc)
 
-    # --- 8 ------------------------------------------------------------------------------
+    # --- 9 ------------------------------------------------------------------------------
 
     def view(self) -> None:
         cp = self.kube
@@ -210,7 +214,7 @@ class Demo(VolumeSteps):
                             f"{self.logs()}")  # fmt: skip
         say("  every container of the chart still in its first run (RESTARTS 0)")
 
-    # --- 9 ------------------------------------------------------------------------------
+    # --- 10 -----------------------------------------------------------------------------
 
     def remove(self) -> None:
         cp = self.kube
@@ -218,6 +222,7 @@ class Demo(VolumeSteps):
         kubectl(cp, "delete", "pvc", "notes-restored", "--wait=false")
         kubectl(cp, "delete", "volumesnapshot", "notes-snap", "audit-snap", "--wait=false")
         kubectl(cp, "delete", "pvc", "notes", "--wait=false")
+        kubectl(cp, "delete", "volumemoves", "--all", "-n", NS)
         kubectl(cp, "delete", "statefulset", "vault", "--cascade=foreground")
         say("  the kubelets stopped the pods' containers, topolvm-node unmounted their volumes")
         kubectl(cp, "delete", "pvc", *CLAIMS, "--wait=false")
@@ -256,6 +261,8 @@ class Demo(VolumeSteps):
             self.snapshot()
         with step("vault-2's audit volume: a snapshot kept on another node, restored from there"):
             self.seed()
+        with step("A new node joins; topolvm move moves a Vault replica there, data and all"):
+            self.move()
         with step("kubectl get pvc,pv,logicalvolumes,csistoragecapacities,pods -A"):
             self.view()
         with step("Remove everything, stop everything"):

@@ -1,9 +1,12 @@
-"""Steps 6 and 7 of ``make demo`` (devtools/demo.py): data that leaves its node. A thin volume's
-snapshot restored for a pod on another node, and a Vault replica's thick audit volume
-snapshotted onto another node, deleted, and restored from there (docs/mobility.md)."""
+"""Steps 6 to 8 of ``make demo`` (devtools/demo.py): data that leaves its node. A thin volume's
+snapshot restored for a pod on another node; a Vault replica's thick audit volume snapshotted
+onto another node, deleted, and restored from there; a new node joins and ``topolvm move``
+moves a Vault replica, both its claims, there while it runs (docs/mobility.md)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +16,9 @@ from devtools.demo_steps import (
     NS,
     SC,
     SC_THIN,
+    THIN_POOL_GIB,
     DemoError,
+    capacity_annotations,
     claim,
     claim_state,
     get_json,
@@ -29,9 +34,17 @@ from devtools.demo_steps import (
     snapshot_volume,
     until,
 )
+from devtools.testbed.umlnode import GiB
 
 LVS = ("lvs", "-o", "lv_name,lv_size,lv_attr,pool_lv,origin,data_percent", "vg1")
 AUDIT_LOG = "/vault/audit/audit.log"
+SECRET_FILE = "/vault/data/secret.txt"
+NEW_NODE, NEW_NODE_VG_GIB = "uml-4", 20  # room for one replica (15 GiB) with the thin pool
+MOVE_COLUMNS = (
+    "custom-columns=NAME:.metadata.name,PHASE:.status.phase,FROM:.status.sourceNode,"
+    "TO:.status.targetNode,PRE-COPIED:.status.preCopyBytes,FINAL:.status.deltaBytes,"
+    "DOWNTIME:.status.downtimeSeconds"
+)
 
 
 def show_documents(objs: list[dict[str, Any]]) -> None:
@@ -163,3 +176,61 @@ class VolumeSteps(DemoBed):
             raise DemoError(f"vault-2's audit log reads {log!r}; before the snapshot {before!r}")
         say(f"  vault-2 on {node} reads its audit log as it was at the snapshot (copied from "
             f"{kept}), then its new start")  # fmt: skip
+
+    # --- 8 ------------------------------------------------------------------------------
+
+    def move(self) -> None:
+        """A new node joins; ``topolvm move`` moves the replica that is alone on its node there,
+        its data and audit claims together, while it runs."""
+        cp = self.kube
+        alone = [p for p, n in sorted(self.placement.items())
+                 if list(self.placement.values()).count(n) == 1]  # fmt: skip
+        if not alone:
+            raise DemoError(f"no replica is alone on its node: {self.placement}")
+        name, src = alone[0], self.placement[alone[0]]
+        say(f"  a new node joins: {NEW_NODE}, VG vg1 of {NEW_NODE_VG_GIB} GiB (room for one "
+            f"replica); topolvm-node starts there (DaemonSet)")  # fmt: skip
+        index = len(self.nodes) + 1
+        node = self.start_node(NEW_NODE, index, NEW_NODE_VG_GIB, kubelet=True,
+                               disks=(NEW_NODE_VG_GIB * GiB,), driver_images=True)  # fmt: skip
+        node.lvm("lvcreate", "-T", "vg1/pool0", "-L", f"{THIN_POOL_GIB}g")
+        assert self.release is not None
+        self.release.wait_running(1 + len(self.nodes), timeout=300)
+        until(f"{NEW_NODE}'s capacity annotation",
+              lambda: capacity_annotations(cp).get(NEW_NODE, {}).get("ssd"), 120,
+              self.logs)  # fmt: skip
+        before = in_pod(cp, name, f"cat {SECRET_FILE} {AUDIT_LOG}").strip()
+        old_uid = get_json(cp, "pod", name, "-n", NS)["metadata"]["uid"]
+        claims = [f"data-{name}", f"audit-{name}"]
+        self.topolvm("move", "-n", NS, f"pvc/{claims[0]}", f"--to={NEW_NODE}", "--dry-run")
+        say(f"  {name} writes its audit log while its claims are pre-copied; it stops only for "
+            "the final copy of what changed")  # fmt: skip
+        self.topolvm("move", "-n", NS, f"pvc/{claims[0]}", f"--to={NEW_NODE}", "--timeout=20m")
+        kubectl(cp, "get", "volumemoves", "-n", NS, "-o", MOVE_COLUMNS)
+        moved = self.wait_ready(name, timeout=300, not_uid=old_uid)
+        if moved["spec"]["nodeName"] != NEW_NODE:
+            raise DemoError(f"{name} runs on {moved['spec']['nodeName']}, not {NEW_NODE}")
+        self.placement[name] = NEW_NODE
+        after = in_pod(cp, name, f"cat {SECRET_FILE} {AUDIT_LOG}").strip()
+        if not after.startswith(before) or f"started on {NEW_NODE}" not in after.splitlines()[-1]:
+            raise DemoError(f"{name} on {NEW_NODE} reads {after!r}; before the move {before!r}")
+        say(f"  {name} runs on {NEW_NODE} with its secret and its audit log as written on "
+            f"{src}, then its new start there")  # fmt: skip
+        kubectl(cp, "get", "pvc", *claims, "-o", "custom-columns=CLAIM:.metadata.name,"
+                "VOLUME:.spec.volumeName,STATUS:.status.phase")  # fmt: skip
+        self.lvs(NEW_NODE)
+        self.lvs(src)
+        say(f"  the old volumes are gone from {src}; the claims' new PVs are on {NEW_NODE}")
+
+    def topolvm(self, *args: str) -> None:
+        """``topolvm ARGS`` (also ``kubectl topolvm``) as a user runs it, its lines as they
+        come; a failure raises :class:`DemoError`."""
+        say(f"  $ topolvm {' '.join(args)}")
+        argv = [sys.executable, "-m", "topolvm", *args, f"--kubeconfig={self.kube.kubeconfig}"]
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) as proc:  # fmt: skip
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                say(indent(line.rstrip()))
+        if proc.returncode != 0:
+            raise DemoError(f"topolvm {args[0]} exited {proc.returncode}\n{self.logs()}")

@@ -39,6 +39,9 @@ VALUES: dict[str, Any] = {
     "node": {"lvmdEmbedded": True},
     "controller": {"replicaCount": 1},
     "snapshot": {"enabled": True},
+    # the pod webhook holds the pod of a claim being moved (step 8), so that its StatefulSet
+    # cannot start it again on the old node meanwhile
+    "webhook": {"podMutatingWebhook": {"enabled": True}},
     "storageClasses": [
         {"name": SC, "storageClass": {
             "fsType": "xfs", "volumeBindingMode": "WaitForFirstConsumer",
@@ -263,6 +266,14 @@ def show_yaml(obj: dict[str, Any]) -> None:
 
 
 # --- what the cluster says -------------------------------------------------------------------
+
+
+def webhook_trusted(cp: ControlPlane) -> bool:
+    """The release's MutatingWebhookConfiguration carries the caBundle topolvm-controller wrote
+    (until then the API server cannot call the pod webhook, and pods are not admitted)."""
+    hooks = [h for c in items(cp, "mutatingwebhookconfigurations")
+             if "topolvm" in c["metadata"]["name"] for h in c.get("webhooks") or []]  # fmt: skip
+    return bool(hooks) and all((h.get("clientConfig") or {}).get("caBundle") for h in hooks)
 
 
 def capacity_annotations(cp: ControlPlane) -> dict[str, dict[str, str]]:
