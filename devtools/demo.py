@@ -280,6 +280,9 @@ def main() -> int:
     say("TopoLVM demo: a real control plane, helm install of charts/topolvm, a Vault "
         "StatefulSet on 3 Kubernetes nodes in UML with real LVM")  # fmt: skip
     become_subreaper()
+    # the guests' disks on the host's disk, not in memory: the thick copies of steps 7 and 8
+    # write zeros over GiBs of their targets, more than this machine's memory would hold
+    os.environ.setdefault(uml.DISK_DIR_ENV, str(WORK.parent / "demo-disks"))
     steps = Steps()
     demo: Demo | None = None
     code = 1

@@ -137,6 +137,6 @@ class DemoBed(Testbed):
         """Stop whatever runs; safe to call twice. Each part is stopped whatever the others do."""
         self.teardown(warn=lambda line: say(f"  {line}"))
         if verbose:
-            say("  stopped: UML nodes (kubelet, kube-proxy, containerd; their disks were in "
-                "/dev/shm, gone), snapshot-controller, control plane; the network namespace "
-                "ends with this process")  # fmt: skip
+            say("  stopped: UML nodes (kubelet, kube-proxy, containerd; their disks, in "
+                ".cache/demo-disks, removed), snapshot-controller, control plane; the network "
+                "namespace ends with this process")  # fmt: skip

@@ -40,8 +40,9 @@ VALUES: dict[str, Any] = {
     "controller": {"replicaCount": 1},
     "snapshot": {"enabled": True},
     # the pod webhook holds the pod of a claim being moved (step 8), so that its StatefulSet
-    # cannot start it again on the old node meanwhile
-    "webhook": {"podMutatingWebhook": {"enabled": True}},
+    # cannot start it again on the old node meanwhile; its certificate made by
+    # topolvm-controller (no cert-manager here)
+    "webhook": {"certManager": False, "podMutatingWebhook": {"enabled": True}},
     "storageClasses": [
         {"name": SC, "storageClass": {
             "fsType": "xfs", "volumeBindingMode": "WaitForFirstConsumer",

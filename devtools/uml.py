@@ -77,6 +77,7 @@ node's topolvm-node copies volumes from another's transfer port)."""
 
 
 FAST_PREFIX = "topolvm-uml-"  # disk images and memory file, in /dev/shm
+DISK_DIR_ENV = "TOPOLVM_UML_DISK_DIR"  # where disk_folder puts disk images instead
 RUN_PREFIX = "run-"  # init script and LVM config, in .uml/
 
 
@@ -92,8 +93,13 @@ def _sweep_stale(folder: Path, prefix: str) -> None:
 @contextlib.contextmanager
 def disk_folder() -> Iterator[Path]:
     """A folder for disk images that outlive one boot (see :func:`running`), in memory when
-    /dev/shm exists; removed on exit, or by the next run if this process is killed."""
+    /dev/shm exists, or under $TOPOLVM_UML_DISK_DIR (``make demo``: its guests write more than
+    memory holds); removed on exit, or by the next run if this process is killed."""
     fast = Path("/dev/shm") if os.path.isdir("/dev/shm") else Path(tempfile.gettempdir())
+    if chosen := os.environ.get(DISK_DIR_ENV):
+        fast = Path(chosen)
+        fast.mkdir(parents=True, exist_ok=True)
+        _sweep_stale(fast, FAST_PREFIX)
     with tempfile.TemporaryDirectory(prefix=f"{FAST_PREFIX}{os.getpid()}-", dir=fast) as tmp:
         yield Path(tmp)
 

@@ -16,7 +16,8 @@ SCRIPT = textwrap.dedent(
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            self.send_response(200 if self.path == "/ok" else 403)
+            codes = {"/ok": 200, "/missing": 404}
+            self.send_response(codes.get(self.path, 403))
             self.send_header("Content-Length", "0")
             self.end_headers()
 
@@ -30,6 +31,7 @@ SCRIPT = textwrap.dedent(
     with httpx2.Client() as client:
         client.get(base + "/ok")
         client.get(base + "/forbidden")
+        client.get(base + "/missing")
     """
 )
 
@@ -47,3 +49,5 @@ def test_successful_requests_are_logged_only_at_debug(level: str) -> None:
     lines = [line for line in out.stderr.splitlines() if "HTTP Request" in line]
     assert any("/forbidden" in line and "403" in line for line in lines), out.stderr
     assert any("/ok" in line for line in lines) == (level == "debug"), out.stderr
+    # a lookup of what is not there is its caller's to tell
+    assert any("/missing" in line for line in lines) == (level == "debug"), out.stderr

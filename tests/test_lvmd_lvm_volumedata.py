@@ -56,18 +56,23 @@ async def test_a_thick_snapshot_is_as_large_as_its_origin_and_guards_it(both: Lv
 async def test_a_cut_without_room_for_a_whole_one_is_smaller_and_says_when_it_overflows(
     both: LvmdClient,
 ) -> None:
-    """CreateCut (a move's cut): as large as its origin when there is room; else a quarter of
-    the room (at least min_cow_bytes), and once the origin changed by more, DescribeLV says so
-    and reading it fails. (Cuts, like snapshots, may use the device class's spare.)"""
-    await both.lv.CreateLV(pb.CreateLVRequest(name="k", size_bytes=2 * GiB))
+    """CreateCut (a move's cut): as large as its origin when a quarter of the room holds it;
+    else a quarter of the room (at least min_cow_bytes), and once the origin changed by more,
+    DescribeLV says so and reading it fails. (Cuts, like snapshots, may use the spare.)"""
 
-    def cut(name: str, min_cow: int) -> vd.CreateCutRequest:
-        return vd.CreateCutRequest(name=name, source_volume="k", min_cow_bytes=min_cow,
+    def cut(name: str, min_cow: int, source: str = "k") -> vd.CreateCutRequest:
+        return vd.CreateCutRequest(name=name, source_volume=source, min_cow_bytes=min_cow,
                                    tags=["topolvm/cut"])  # fmt: skip
 
-    whole = await both.data.CreateCut(cut("k-room", 24 * MiB))
-    assert whole.cow_bytes == 2 * GiB and whole.path == "/dev/vg1/k-room"
-    await both.lv.RemoveLV(pb.RemoveLVRequest(name="k-room"))
+    # room for four times the origin: a whole cut (it cannot overflow)
+    await both.lv.CreateLV(pb.CreateLVRequest(name="s", size_bytes=256 * MiB))
+    whole = await both.data.CreateCut(cut("s-cut", 24 * MiB, "s"))
+    assert whole.cow_bytes == 256 * MiB and whole.path == "/dev/vg1/s-cut"
+    described = await both.data.DescribeLV(vd.DescribeLVRequest(name="s-cut",
+                                                                check_snapshot=True))  # fmt: skip
+    assert not described.invalid and described.cow_bytes >= 256 * MiB  # with LVM's overhead
+    await both.lv.RemoveLV(pb.RemoveLVRequest(name="s-cut"))
+    await both.lv.CreateLV(pb.CreateLVRequest(name="k", size_bytes=2 * GiB))
 
     free = (await both.vg.GetFreeBytes(pb.GetFreeBytesRequest())).free_bytes  # less the spare
     await both.lv.CreateLV(pb.CreateLVRequest(name="fill", size_bytes=free - 256 * MiB))

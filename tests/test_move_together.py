@@ -86,12 +86,16 @@ async def test_room_is_needed_for_all_the_claims(
     assert emu.list("volumemoves") == []
 
 
-async def _set_copy_done(r: MoveReconciler, name: str, round_: int = 1) -> None:
+async def _set_copy(r: MoveReconciler, name: str, phase: str, message: str = "") -> None:
     def mutate(obj: api.Obj) -> bool:
-        obj.setdefault("status", {})["copy"] = {"phase": "Done", "round": round_}
+        obj.setdefault("status", {})["copy"] = {"phase": phase, "round": 1, "message": message}
         return True
 
     await api.modify(r.client, api.logicalvolume_resource(NORMAL), name, mutate, status=True)
+
+
+async def _set_copy_done(r: MoveReconciler, name: str) -> None:
+    await _set_copy(r, name, "Done")
 
 
 async def _create(r: MoveReconciler, name: str, target: str = "n2") -> None:
@@ -189,11 +193,81 @@ async def test_after_a_swap_the_others_only_go_forward(
     await api.delete(r.client, reads.POD, "web-0", namespace=NS)  # stopped by the group
     await r.reconcile(f"{NS}/data-web-0")
     assert (await _move(r, "data-web-0")).status.phase == MovePhase.PRE_COPY  # no rollback
-    await api.delete(r.client, MOVES, "data-web-0", namespace=NS)  # a cancel, too late
+    await api.delete(r.client, MOVES, "data-web-0", namespace=NS)  # a cancel, too late:
+    await r.reconcile(f"{NS}/data-web-0")  # ignored, the move goes on
+    data = await _move(r, "data-web-0")
+    assert data.status.phase == MovePhase.PRE_COPY
+    assert not data.status.message.startswith(("rolling back", "cannot roll back"))
+    # a failure now cannot roll back: the move says so, and waits
+    await _set_copy(r, data.status.target_volume, "Failed", message="disk gone")
     await r.reconcile(f"{NS}/data-web-0")
     data = await _move(r, "data-web-0")
     assert data.status.phase == MovePhase.PRE_COPY
     assert data.status.message == (
-        "cannot roll back (the VolumeMove was deleted before the swap): logs-web-0, moved with "
+        "cannot roll back (the copy to node n2 failed: disk gone): logs-web-0, moved with "
         "this claim, swapped already; the move goes on once that is mended"
     )
+
+
+async def test_a_companion_deleted_once_seen_rolls_the_move_back(
+    emu: KubeEmulator, reconciler: MoveReconciler
+) -> None:
+    seed_two(emu)
+    r = reconciler
+    for name in TOGETHER:
+        await _create(r, name)
+        await r.reconcile(f"{NS}/{name}")
+    await r.reconcile(f"{NS}/data-web-0")
+    assert (await _move(r, "data-web-0")).status.together_seen == "logs-web-0"
+    emu.remove_now("volumemoves", "logs-web-0", NS)  # gone, finalizer and all
+    await r.reconcile(f"{NS}/data-web-0")
+    data = await _move(r, "data-web-0")
+    assert data.status.phase == MovePhase.ROLLING_BACK and data.status.reason == "TogetherGone"
+
+
+async def test_a_companion_never_created_rolls_the_move_back_after_a_while(
+    emu: KubeEmulator, reconciler: MoveReconciler
+) -> None:
+    seed_two(emu)
+    r = reconciler
+    body = manifest("topolvm.io", NS, "data-web-0", "n2", ("logs-web-0",))
+    body["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"  # long ago
+    emu.create(body)
+    await r.reconcile(f"{NS}/data-web-0")  # planned
+    await r.reconcile(f"{NS}/data-web-0")
+    data = await _move(r, "data-web-0")
+    assert data.status.phase == MovePhase.ROLLING_BACK
+    assert data.status.reason == "TogetherMissing"
+    assert "no VolumeMove of claim logs-web-0" in data.status.message
+
+
+async def test_an_earlier_moves_finished_companion_is_not_this_ones(
+    emu: KubeEmulator, reconciler: MoveReconciler
+) -> None:
+    seed_two(emu)
+    r = reconciler
+    old = manifest("topolvm.io", NS, "logs-web-0", "n4", ("data-web-0",))
+    old["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    old["status"] = {"phase": "RolledBack", "reason": "CopyFailed"}
+    emu.create(old)
+    await _create(r, "data-web-0")
+    await r.reconcile(f"{NS}/data-web-0")
+    data = await _move(r, "data-web-0")
+    assert data.status.phase == MovePhase.PRE_COPY, data.status  # not refused for the old one
+    assert data.status.together_seen == ""
+
+
+async def test_moving_the_claims_again_replaces_both_finished_moves(
+    emu: KubeEmulator, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seed_two(emu)
+    for name in TOGETHER:
+        earlier = manifest("topolvm.io", NS, name, "n4", tuple(c for c in TOGETHER if c != name))
+        earlier["status"] = {"phase": "RolledBack"}
+        emu.create(earlier)
+    argv = ["move", "-n", NS, "data-web-0", "--no-wait", "--kubeconfig", kubeconfig]
+    assert await run_cli(*argv) == 0, capsys.readouterr().err
+    for name in TOGETHER:
+        stored = emu.get("volumemoves", name, NS)
+        assert stored is not None and stored["spec"]["targetNode"] == "n2"
+        assert not stored.get("status")  # new ones

@@ -42,8 +42,9 @@ class TextFormatter(logging.Formatter):
 
 class FailedRequestsOnly(logging.Filter):
     """The Kubernetes client's HTTP library logs every request at INFO, one line per API call:
-    noise for an operator and CPU on a busy node. Keep the failed ones (status 400 and up) and
-    whatever else it logs; ``--log-level debug`` shows them all."""
+    noise for an operator and CPU on a busy node. Keep the failed ones (status 400 and up, but
+    404: a lookup of what may not exist, which its caller handles and says) and whatever else
+    it logs; ``--log-level debug`` shows them all."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
@@ -51,7 +52,7 @@ class FailedRequestsOnly(logging.Filter):
             return True
         if not isinstance(args, tuple) or len(args) < 4 or not isinstance(args[3], int):
             return True
-        return args[3] >= 400
+        return args[3] >= 400 and args[3] != 404
 
 
 def setup(level: str = "info", fmt: str = "json") -> None:

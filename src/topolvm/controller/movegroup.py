@@ -7,6 +7,12 @@ runs with some of its claims moved and others not:
 - a claim is swapped only once every final copy is done: from the first swap on, the moves
   only go forward (before it, the failure of one rolls all of them back);
 - the pod is let go only once every claim is swapped.
+
+The reconciler handles the moves of one group one at a time (:meth:`Group.key` names the
+lock), so that each decides on the others' settled state. Each records the others it has
+seen (``status.togetherSeen``): one seen and then gone was deleted (before the swap: all roll
+back; after: it finished), one never seen is waited for a while (``topolvm move`` creates
+them one after the other).
 """
 
 from __future__ import annotations
@@ -23,14 +29,22 @@ from topolvm.move.rules import Refused
 FAILED = frozenset({MovePhase.ROLLING_BACK, MovePhase.ROLLED_BACK, MovePhase.REFUSED})
 COMMITTED = frozenset({MovePhase.SWAPPING, MovePhase.STARTING, MovePhase.SUCCEEDED})
 NOT_YET = frozenset({MovePhase.PENDING, MovePhase.PRE_COPY})  # a companion may not exist yet
+PARTNER_WAIT = 300  # seconds a move waits for a companion's VolumeMove to be created
+
+
+def key(vm: VolumeMoveObject) -> str:
+    """The group's name: its namespace and claims (one move alone is a group of one)."""
+    return f"{vm.namespace}/{','.join(sorted({vm.claim, *vm.together}))}"
 
 
 class Group:
-    """One VolumeMove and the VolumeMoves of the claims that move with it (None: none yet)."""
+    """One VolumeMove and the VolumeMoves of the claims that move with it (None: none yet, or
+    only a finished one older than this move, from an earlier move of the claim)."""
 
     def __init__(self, vm: VolumeMoveObject, others: dict[str, VolumeMoveObject | None]):
         self.vm = vm
         self.others = others
+        self.seen = set(vm.status.together_seen.split(",")) - {""}
 
     @classmethod
     async def read(cls, client: AsyncClient, names: Names, vm: VolumeMoveObject) -> Group:
@@ -38,20 +52,27 @@ class Group:
         others: dict[str, VolumeMoveObject | None] = {}
         for claim in vm.together:
             raw = await api.get(client, res, claim, namespace=vm.namespace)
-            others[claim] = None if raw is None else VolumeMoveObject.from_dict(raw)
+            other = None if raw is None else VolumeMoveObject.from_dict(raw)
+            if other is not None and other.done and other.created < vm.created:
+                other = None  # an earlier move's
+            others[claim] = other
         return cls(vm, others)
+
+    @property
+    def seen_now(self) -> str:
+        """``status.togetherSeen`` with the companions present now."""
+        present = {c for c, o in self.others.items() if o is not None}
+        return ",".join(sorted(self.seen | present))
 
     def check_agreed(self) -> None:
         """Before the move starts: each other VolumeMove that exists moves this claim too, to
         the same node, and has not failed (:class:`Refused`)."""
+        mine = set(self.vm.together) | {self.vm.claim}
         for claim, other in sorted(self.others.items()):
             if other is None:
                 continue
-            mine = set(self.vm.together) | {self.vm.claim}
-            if (
-                set(other.together) | {other.claim} != mine
-                or other.target_node != self.vm.target_node
-            ):
+            same_node = other.target_node == self.vm.target_node
+            if set(other.together) | {other.claim} != mine or not same_node:
                 raise Refused(
                     "NotTogether", f"the VolumeMove of claim {claim} does not list the same "
                     f"claims ({', '.join(other.together) or 'none'}) or target node "
@@ -60,14 +81,18 @@ class Group:
             if other.status.phase in FAILED:
                 raise Refused("TogetherFailed", _failed_text(claim, other))
 
-    def check_alive(self) -> None:
-        """Before the swap: a failed or vanished companion rolls this move back too."""
+    def check_alive(self, age: int) -> None:
+        """Before the swap: a failed or deleted companion rolls this move back too, and so
+        does one not created within :data:`PARTNER_WAIT` seconds of this move (``age``)."""
         for claim, other in sorted(self.others.items()):
-            if other is None:
-                if self.vm.status.phase in NOT_YET:
-                    continue  # topolvm move creates them one after the other
+            if other is None and claim in self.seen:
                 raise Rollback("TogetherGone", f"the VolumeMove of claim {claim}, which moves "
-                               "with this one, is gone")  # fmt: skip
+                               "with this one, was deleted")  # fmt: skip
+            if other is None:
+                if self.vm.status.phase in NOT_YET and age < PARTNER_WAIT:
+                    continue  # topolvm move creates them one after the other
+                raise Rollback("TogetherMissing", f"no VolumeMove of claim {claim}, which "
+                               "moves with this one, was created")  # fmt: skip
             if other.status.phase in FAILED:
                 raise Rollback("TogetherFailed", _failed_text(claim, other))
 
@@ -84,10 +109,13 @@ class Group:
 
     async def waiting(self, store: LogicalVolumeStore, phase: str, what: str) -> str:
         """What this move waits for, or "" once every companion is past ``phase`` (or in it
-        with its copy done, for a copy phase)."""
+        with its copy done, for a copy phase). From the swap on, a companion seen and gone
+        since has finished (its VolumeMove deleted once done)."""
         order = MovePhase.ORDER
         for claim, other in sorted(self.others.items()):
             if other is None:
+                if claim in self.seen and phase == MovePhase.SWAPPING:
+                    continue
                 return f"waiting for the VolumeMove of claim {claim}, which moves with this one"
             at = other.status.phase
             if at in order and order.index(at) > order.index(phase):

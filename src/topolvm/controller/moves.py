@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from asyncio import Lock
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -32,7 +33,7 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import PersistentVolumeClaim
 
 from topolvm.constants import Names
-from topolvm.controller import movesteps
+from topolvm.controller import movegroup, movesteps
 from topolvm.controller.metrics import ControllerMetrics
 from topolvm.controller.movegroup import Group
 from topolvm.controller.movesteps import Rollback
@@ -76,6 +77,7 @@ class MoveReconciler:
         self.gate = claims.gate_name(names.plugin)
         self.steps = movesteps.Steps(client, names, store, self.gate)
         self.resync = resync
+        self._locks: dict[str, Lock] = {}  # a group's moves, one at a time (movegroup.key)
         self.reconcile = counted(metrics, CONTROLLER_NAME, self._reconcile)
 
     async def run(self) -> None:
@@ -133,12 +135,22 @@ class MoveReconciler:
         obj = await api.get(self.client, self.resource, name, namespace=namespace)
         if obj is None:
             return None
+        # the moves of claims that move together, one at a time: each decides on the others'
+        # settled state (two workers could otherwise swap one and roll back another)
+        lock = self._locks.setdefault(movegroup.key(VolumeMoveObject.from_dict(obj)), Lock())
+        async with lock:
+            return await self._locked(namespace, name)
+
+    async def _locked(self, namespace: str, name: str) -> Result | None:
+        obj = await api.get(self.client, self.resource, name, namespace=namespace)
+        if obj is None:
+            return None
         vm = VolumeMoveObject.from_dict(obj)
         if vm.done:
             if vm.deleting:
                 await self.steps.release(vm)
             return None
-        handlers: dict[str, Callable[[VolumeMoveObject], Awaitable[MoveStatus]]] = {
+        handlers: dict[str, Callable[[VolumeMoveObject, Group], Awaitable[MoveStatus]]] = {
             MovePhase.PENDING: self._plan,
             MovePhase.PRE_COPY: self._precopy,
             MovePhase.STOPPING: self._stopping,
@@ -147,16 +159,17 @@ class MoveReconciler:
             MovePhase.STARTING: self._starting,
             MovePhase.ROLLING_BACK: self._rollback,
         }
+        group = await Group.read(self.client, self.names, vm)
         try:
-            if vm.deleting and vm.status.phase in movesteps.BEFORE_SWAP:
+            # a claim moved with this one is swapped already: this one only goes forward
+            if vm.deleting and vm.status.phase in movesteps.BEFORE_SWAP and not group.committed:
                 raise Rollback("Cancelled", "the VolumeMove was deleted before the swap")
-            status = await handlers[vm.status.phase](vm)
+            status = await handlers[vm.status.phase](vm, group)
         except rules.Refused as r:
             status = replace(vm.status, phase=MovePhase.REFUSED, reason=r.reason,
                              message=r.message, completion_time=now())  # fmt: skip
         except Rollback as r:
-            swapped = (await self._group(vm)).committed if vm.together else []
-            if swapped:  # a claim of the pod is moved already: this one can only go forward
+            if swapped := group.committed:  # this one can only go forward
                 log.error("a move cannot roll back", extra={
                     "move": f"{vm.namespace}/{vm.name}", "detail": r.message})  # fmt: skip
                 status = replace(
@@ -166,19 +179,19 @@ class MoveReconciler:
             else:
                 status = replace(vm.status, phase=MovePhase.ROLLING_BACK, reason=r.reason,
                                  message=f"rolling back: {r.message}")  # fmt: skip
-        vm = await self._write(vm, status)
+        vm = await self._write(vm, replace(status, together_seen=group.seen_now))
         if vm.done:
             return None
         return Result(requeue_after=POLL_DOWN if vm.status.phase in MovePhase.DOWN else POLL)
 
-    async def _plan(self, vm: VolumeMoveObject) -> MoveStatus:
+    async def _plan(self, vm: VolumeMoveObject, group: Group) -> MoveStatus:
         if vm.name != vm.claim:  # the pod webhook finds a claim's move by the claim's name
             raise rules.Refused(
                 "NameNotClaim", f"a VolumeMove is named after its claim: name it {vm.claim!r}, "
                 f"not {vm.name!r} (topolvm move does)"
             )  # fmt: skip
         plan = await self.steps.plan(vm)
-        (await self._group(vm)).check_agreed()
+        group.check_agreed()
         await self.steps.ensure_finalizer(vm)
         # the old PV is set to Retain in PreCopy: first the status keeps its own policy
         return replace(
@@ -187,13 +200,9 @@ class MoveReconciler:
             f"{plan.target_node} while pod {plan.pod} runs",
         )  # fmt: skip
 
-    async def _group(self, vm: VolumeMoveObject) -> Group:
-        return await Group.read(self.client, self.names, vm)
-
-    async def _precopy(self, vm: VolumeMoveObject) -> MoveStatus:
+    async def _precopy(self, vm: VolumeMoveObject, group: Group) -> MoveStatus:
         s = vm.status
-        group = await self._group(vm)
-        group.check_alive()
+        group.check_alive(_seconds_since(vm.created))
         await self.steps.retain(s.old_pv)  # nothing deletes the original until the move is done
         if not group.past_precopy:  # else the pod was stopped by the move of another claim
             await self.steps.running_pod(vm)  # the pod stopped meanwhile: roll back
@@ -215,9 +224,9 @@ class MoveReconciler:
             message=f"pre-copy done ({human(precopied)} sent); stopping pod {s.pod}",
         )  # fmt: skip
 
-    async def _stopping(self, vm: VolumeMoveObject) -> MoveStatus:
+    async def _stopping(self, vm: VolumeMoveObject, group: Group) -> MoveStatus:
         s = vm.status
-        (await self._group(vm)).check_alive()
+        group.check_alive(_seconds_since(vm.created))
         waiting = await self.steps.stop_pod(vm)
         if waiting:
             return replace(s, message=waiting)
@@ -227,10 +236,9 @@ class MoveReconciler:
             message=f"pod {s.pod} stopped; copying what changed since the pre-copy",
         )  # fmt: skip
 
-    async def _final(self, vm: VolumeMoveObject) -> MoveStatus:
+    async def _final(self, vm: VolumeMoveObject, group: Group) -> MoveStatus:
         s = vm.status
-        group = await self._group(vm)
-        group.check_alive()
+        group.check_alive(_seconds_since(vm.created))
         await self.steps.no_pod_on_old_node(vm)
         target = await self.steps.target(None, s.target_volume)
         progress = movesteps.progress(MovePhase.FINAL_COPY, target)
@@ -250,7 +258,7 @@ class MoveReconciler:
             f"{vm.claim} on volume {s.target_volume}",
         )  # fmt: skip
 
-    async def _swap(self, vm: VolumeMoveObject) -> MoveStatus:
+    async def _swap(self, vm: VolumeMoveObject, group: Group) -> MoveStatus:
         s = vm.status
         waiting = await self.steps.swap(vm)
         if waiting:
@@ -259,9 +267,9 @@ class MoveReconciler:
                        message=f"claim {vm.claim} bound on node {s.target_node}; starting the pod "
                        "there")  # fmt: skip
 
-    async def _starting(self, vm: VolumeMoveObject) -> MoveStatus:
+    async def _starting(self, vm: VolumeMoveObject, group: Group) -> MoveStatus:
         s = vm.status
-        waiting = await (await self._group(vm)).waiting(self.store, MovePhase.SWAPPING, "swap")
+        waiting = await group.waiting(self.store, MovePhase.SWAPPING, "swap")
         if waiting:  # the pod is let go once all its claims are on the target
             return replace(s, message=waiting)
         waiting = await self.steps.start_pod(vm)
@@ -277,7 +285,7 @@ class MoveReconciler:
             "downtime; the old volume is removed",
         )  # fmt: skip
 
-    async def _rollback(self, vm: VolumeMoveObject) -> MoveStatus:
+    async def _rollback(self, vm: VolumeMoveObject, group: Group) -> MoveStatus:
         await self.steps.rollback(vm)
         text = vm.status.message.replace("rolling back: ", "rolled back: ", 1)
         return replace(vm.status, phase=MovePhase.ROLLED_BACK, completion_time=now(), message=text)

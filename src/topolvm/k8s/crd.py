@@ -210,6 +210,7 @@ def volumemove_crd(group: str) -> dict[str, Any]:
         "swapTime": {"type": "string", "format": "date-time"},
         "downtimeSeconds": _int64("From the pod's stop until it ran on the target."),
         "completionTime": {"type": "string", "format": "date-time"},
+        "togetherSeen": _string("The claims moved with this one whose VolumeMoves it saw."),
     }  # fmt: skip
     schema = {
         "type": "object",

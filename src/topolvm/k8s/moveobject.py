@@ -74,6 +74,7 @@ class MoveStatus:
     swap_time: str = ""
     downtime_seconds: int = 0
     completion_time: str = ""
+    together_seen: str = ""  # the claims moved with this one whose VolumeMoves it has seen
 
     _KEYS: ClassVar[dict[str, str]] = {
         "phase": "phase", "message": "message", "reason": "reason",
@@ -87,6 +88,7 @@ class MoveStatus:
         "done_bytes": "doneBytes", "total_bytes": "totalBytes", "progress": "progress",
         "start_time": "startTime", "stop_time": "stopTime", "swap_time": "swapTime",
         "downtime_seconds": "downtimeSeconds", "completion_time": "completionTime",
+        "together_seen": "togetherSeen",
     }  # fmt: skip
 
     @classmethod

@@ -371,11 +371,12 @@ class LVService:
                 )
             free = pool.free(report)
             cow = desired
-            if not dc.is_thin and free < desired and min_cow:
+            if not dc.is_thin and min_cow:
                 # a quarter of the room (other cuts may come: a pod's other claims, a drain's
-                # other moves), at least min_cow; in whole extents
+                # other moves), at least min_cow, at most as large as the origin (then with
+                # LVM's own overhead: room four times the origin's size holds it); in extents
                 step = pool.vg.extent_size or (4 << 20)
-                cow = -(-max(min_cow, free // 4, step) // step) * step
+                cow = min(-(-max(min_cow, free // 4, step) // step) * step, desired)
                 if cow > free:
                     raise _no_space(free, min_cow)
             if free < cow:

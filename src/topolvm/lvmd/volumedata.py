@@ -114,8 +114,12 @@ class VolumeDataService:
             raise status.InvalidArgument(
                 f"min_cow_bytes must not be negative, got {request.min_cow_bytes}"
             )
-        snap, cow = await self.lv.snapshot(dc, name, source, tags, 0, "ro",
-                                           request.min_cow_bytes or None)  # fmt: skip
+        try:
+            snap, cow = await self.lv.snapshot(dc, name, source, tags, 0, "ro",
+                                               request.min_cow_bytes or None)  # fmt: skip
+        except status.Unimplemented as e:  # upstream's word for a thick source in a thin class
+            # here: not "an lvmd without CreateCut", which topolvm-node would read it as
+            raise status.InvalidArgument(f"{source}: {e.message}") from e
         if cow:
             log.info("thick cut", extra={"lv": snap.full_name, "cow_bytes": cow})
         return pb.CreateCutResponse(path=snap.path, cow_bytes=cow)

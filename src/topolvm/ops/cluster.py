@@ -18,7 +18,7 @@ from topolvm.k8s.moveobject import GROUP, PLURAL, VolumeMoveObject, manifest
 from topolvm.move import reads
 from topolvm.move.reads import NODE, POD, PV, PVC
 from topolvm.move.rules import Refused, uses_claim
-from topolvm.ops.preflight import Facts, Obj, copy_rates, find_lv
+from topolvm.ops.preflight import Facts, Obj, Plan, copy_rates, find_lv
 
 STORAGE_CLASS = create_global_resource("storage.k8s.io", "v1", "StorageClass", "storageclasses")
 PDB = create_namespaced_resource("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets")
@@ -148,48 +148,62 @@ async def get_move(
     return None if raw is None else VolumeMoveObject.from_dict(raw)
 
 
-async def start_move(
-    client: AsyncClient, names: Names, namespace: str, claim: str, target: str = "",
-    *, together: tuple[str, ...] = (), replace_done: bool = False,
-) -> VolumeMoveObject:  # fmt: skip
-    """Create the VolumeMove of ``claim`` (moved with the claims ``together``, to the same
-    ``target``). With ``replace_done`` a finished VolumeMove of the
-    claim (same name) is deleted first. Refused when one is in progress (a race with another
-    client); CannotCheck when the VolumeMove CRD is not installed."""
-    res = move_resource(names)
-    if replace_done:
-        old = await get_move(client, names, namespace, claim)
-        if old is not None and not old.done:
-            raise Refused(
-                "MoveInProgress", f"a move of claim {claim} is in progress: phase "
-                f"{old.status.phase}"
-            )  # fmt: skip
-        if old is not None:
-            await api.delete(client, res, claim, namespace=namespace)
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + DELETE_WAIT
-            while await api.get(client, res, claim, namespace=namespace) is not None:
-                if loop.time() > deadline:
-                    raise Refused(
-                        "MoveInProgress", f"the finished VolumeMove of claim {claim} is still "
-                        "being deleted: try again once it is gone"
-                    )  # fmt: skip
-                await asyncio.sleep(0.5)
-    body = manifest(GROUP, namespace, claim, target, together)
+async def start_moves(client: AsyncClient, names: Names, plans: list[Plan]) -> None:
+    """Create the VolumeMoves of ``plans`` (a claim, or a pod's claims that move together).
+    First the finished VolumeMoves of those claims go (they are named after their claims, and
+    an earlier move's would confuse the new ones); if one cannot be created, the others are
+    cancelled (they would wait for it). Refused when a move of one is in progress;
+    CannotCheck when the VolumeMove CRD is not installed."""
+    for plan in plans:
+        if plan.replaces:
+            await _replace_done(client, names, plan.namespace, plan.claim)
+    created: list[Plan] = []
     try:
-        created = await api.create(client, res.from_dict(body))
+        for plan in plans:
+            await _create_move(client, names, plan)
+            created.append(plan)
+    except BaseException:
+        for plan in created:
+            await cancel_move(client, names, plan.namespace, plan.claim)
+        raise
+
+
+async def _replace_done(client: AsyncClient, names: Names, namespace: str, claim: str) -> None:
+    res = move_resource(names)
+    old = await get_move(client, names, namespace, claim)
+    if old is not None and not old.done:
+        raise Refused(
+            "MoveInProgress", f"a move of claim {claim} is in progress: phase {old.status.phase}"
+        )
+    if old is None:
+        return
+    await api.delete(client, res, claim, namespace=namespace)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DELETE_WAIT
+    while await api.get(client, res, claim, namespace=namespace) is not None:
+        if loop.time() > deadline:
+            raise Refused(
+                "MoveInProgress", f"the finished VolumeMove of claim {claim} is still being "
+                "deleted: try again once it is gone"
+            )  # fmt: skip
+        await asyncio.sleep(0.5)
+
+
+async def _create_move(client: AsyncClient, names: Names, plan: Plan) -> None:
+    body = manifest(GROUP, plan.namespace, plan.claim, plan.target_node, plan.together)
+    try:
+        await api.create(client, move_resource(names).from_dict(body))
     except kube.AlreadyExists:
-        current = await get_move(client, names, namespace, claim)
+        current = await get_move(client, names, plan.namespace, plan.claim)
         phase = current.status.phase if current is not None else "unknown"
         raise Refused(
-            "MoveInProgress", f"a move of claim {claim} is in progress: phase {phase}"
+            "MoveInProgress", f"a move of claim {plan.claim} is in progress: phase {phase}"
         ) from None
     except kube.NotFound as e:
         raise CannotCheck(
             f"the VolumeMove resource ({PLURAL}.{names.group}) is not served: install or "
             f"upgrade TopoLVM's CRDs ({e})"
         ) from e
-    return VolumeMoveObject.from_dict(created)
 
 
 async def cancel_move(client: AsyncClient, names: Names, namespace: str, name: str) -> None:

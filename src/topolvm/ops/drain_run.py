@@ -165,20 +165,12 @@ async def _start(
     client: AsyncClient, names: Names, group: list[Plan], running: dict[str, _Running],
     out: TextIO,
 ) -> list[Result]:  # fmt: skip
-    """Create the VolumeMoves of a pod's claims; if one is refused, the others are cancelled
-    (they would wait for it), and end as rolled back."""
-    created: list[Plan] = []
+    """Create the VolumeMoves of a pod's claims (if one is refused, none is left)."""
+    try:
+        await cluster.start_moves(client, names, group)
+    except Refused as e:
+        return [Result(p.key, False, f"refused ({e.reason}): {e.message}") for p in group]
     for plan in group:
-        try:
-            await cluster.start_move(
-                client, names, plan.namespace, plan.claim, plan.target_node,
-                together=plan.together, replace_done=bool(plan.replaces),
-            )  # fmt: skip
-        except Refused as e:
-            for other in created:
-                await cluster.cancel_move(client, names, other.namespace, other.claim)
-            return [Result(plan.key, False, f"refused ({e.reason}): {e.message}")]
-        created.append(plan)
         running[plan.key] = _Running(plan)
         print(f"[{plan.key}] VolumeMove created (pod {plan.pod}, node {plan.source} → "
               f"expected {plan.target})", file=out, flush=True)  # fmt: skip

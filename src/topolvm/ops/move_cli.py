@@ -118,18 +118,10 @@ async def move(client: AsyncClient, n: Names, namespace: str, args: argparse.Nam
         if args.dry_run:
             sys.stdout.write(dry_run_text(plans))
             return 0
-        created: list[str] = []
         try:
-            for plan in plans:
-                await cluster.start_move(
-                    client, n, namespace, plan.claim, plan.target_node,
-                    together=plan.together, replace_done=bool(plan.replaces),
-                )  # fmt: skip
-                created.append(plan.claim)
+            await cluster.start_moves(client, n, plans)
         except Refused as e:
             print(refusal_line("move", e), file=sys.stderr)
-            for claim in created:  # the others wait for this one: cancel them (nothing moved)
-                await cluster.cancel_move(client, n, namespace, claim)
             return REFUSED
         plan = plans[0]
         with_text = f" with {', '.join(plan.together)}" if plan.together else ""
