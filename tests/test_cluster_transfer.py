@@ -303,6 +303,29 @@ async def test_a_move_survives_crashes_at_every_step(abc: Scenario, driver: Driv
         await w.check(vm)
 
 
+async def test_a_move_survives_a_power_cut_of_its_target(abc: Scenario) -> None:
+    """The target node loses power once the pod is down (the pod stopping, or the final copy
+    under way): it boots again (its kubelet, containerd and topolvm-node with it), the copy
+    resumes, and the pod runs on it with every write."""
+    s = abc
+    async with _writer(s) as w:
+        target = next(n for n in s.nodes if n.name == w.target)
+        activation: list[str] = []
+
+        def cut_power() -> None:
+            if not activation:  # once, in whichever of the two phases is seen first
+                activation.append(target.power_cycle())
+
+        await start_move(s.client, w.claim, w.target)
+        acted = await at_phases(s.client, w.claim, {
+            MovePhase.STOPPING: cut_power, MovePhase.FINAL_COPY: cut_power,
+        })  # fmt: skip
+        vm = await move_done(s.client, w.claim)
+        assert vm.status.phase == MovePhase.SUCCEEDED, (acted, activation, vm.status)
+        assert activation, acted  # the power was cut
+        await w.check(vm)
+
+
 async def test_a_drain_moves_every_claim_within_the_disruption_budget(abc: Scenario) -> None:
     """Two StatefulSets, three claims, all on one node; a PodDisruptionBudget lets one pod of
     the two-replica set down at a time. ``topolvm drain`` (two moves at once) cordons the node,
