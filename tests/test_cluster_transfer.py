@@ -317,9 +317,14 @@ async def test_a_move_survives_a_power_cut_of_its_target(abc: Scenario) -> None:
                 activation.append(target.power_cycle())
 
         await start_move(s.client, w.claim, w.target)
-        acted = await at_phases(s.client, w.claim, {
-            MovePhase.STOPPING: cut_power, MovePhase.FINAL_COPY: cut_power,
-        })  # fmt: skip
+        try:
+            acted = await at_phases(s.client, w.claim, {
+                MovePhase.STOPPING: cut_power, MovePhase.FINAL_COPY: cut_power,
+            })  # fmt: skip
+        except AssertionError as e:  # what the rebooted node's kubelet says of the pod
+            described = s.cp.kubectl("describe", "pod", w.pod, "-n", NS, check=False)
+            kubelet = target.daemon("kubelet", lines=40)["log"]
+            raise AssertionError(f"{e}\n{described[-3000:]}\nkubelet:\n{kubelet}") from e
         vm = await move_done(s.client, w.claim)
         assert vm.status.phase == MovePhase.SUCCEEDED, (acted, activation, vm.status)
         assert activation, acted  # the power was cut

@@ -199,6 +199,7 @@ class KubeNode:
         self.node.on_boot(["sh", str(self.files / "setup.sh")])
         self.node.exec("sh", str(self.files / "setup.sh"))
         self._start_daemon("containerd")
+        self.node.serves_on("containerd", CONTAINERD_SOCKET)  # a power cycle waits for it too
         self._wait("containerd's socket", lambda: self.node.exec(
             "test", "-S", CONTAINERD_SOCKET, check=False).rc == 0, 60)  # fmt: skip
         self._start_daemon("kubelet")

@@ -309,15 +309,21 @@ class UmlNode:
              "--metrics-bind-address=:8081", *extra],
         )  # fmt: skip
         socket = f"/run/topolvm/{name}-lvmd.sock"
-        self._sockets[name] = socket
+        self.serves_on(name, socket)
         self._wait_socket(name, socket)
         return socket
+
+    def serves_on(self, name: str, socket: str) -> None:
+        """Daemon ``name`` is up once ``socket`` exists: after a power cycle the daemons after
+        it in :meth:`spawn` order start only then (the kubelet needs containerd's socket)."""
+        self._sockets[name] = socket
 
     def _wait_socket(self, name: str, socket: str) -> None:
         deadline = time.monotonic() + 60
         while self.exec("test", "-S", socket, check=False).rc != 0:
             if time.monotonic() > deadline or not self.daemon(name)["running"]:
-                raise HarnessError(f"{self.name}: lvmd did not start:\n{self.daemon(name)['log']}")
+                raise HarnessError(f"{self.name}: {name} did not start:\n"
+                                   f"{self.daemon(name)['log']}")  # fmt: skip
             time.sleep(0.3)
 
     def start_topolvm_node(
