@@ -323,8 +323,11 @@ async def test_a_move_survives_a_power_cut_of_its_target(abc: Scenario) -> None:
             })  # fmt: skip
         except AssertionError as e:  # what the rebooted node's kubelet says of the pod
             described = s.cp.kubectl("describe", "pod", w.pod, "-n", NS, check=False)
-            kubelet = target.daemon("kubelet", lines=40)["log"]
-            raise AssertionError(f"{e}\n{described[-3000:]}\nkubelet:\n{kubelet}") from e
+            kubelet = target.daemon("kubelet", lines=15)
+            dmesg = target.exec("dmesg", check=False).stdout[-1500:]
+            raise AssertionError(f"{e}\n{described[-1500:]}\nkubelet: running "
+                                 f"{kubelet['running']}, rc {kubelet['rc']}\n{kubelet['log']}"
+                                 f"\ndmesg:\n{dmesg}") from e  # fmt: skip
         vm = await move_done(s.client, w.claim)
         assert vm.status.phase == MovePhase.SUCCEEDED, (acted, activation, vm.status)
         assert activation, acted  # the power was cut

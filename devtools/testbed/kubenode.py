@@ -205,6 +205,10 @@ class KubeNode:
         self._start_daemon("kubelet")
         self._start_daemon("kube-proxy")
         self.wait_ready(timeout)
+        # what the first start wrote (the kubelet's self-signed serving certificate, say) on
+        # disk, as on a machine up for a while: a power cycle (UmlNode.power_cycle) found it
+        # empty, and the kubelet would not start again
+        self.node.exec("sync")
         self.started_in = time.monotonic() - t0
         return self
 
