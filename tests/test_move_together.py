@@ -103,6 +103,15 @@ async def _create(r: MoveReconciler, name: str, target: str = "n2") -> None:
     await api.create(r.client, MOVES.from_dict(manifest("topolvm.io", NS, name, target, together)))
 
 
+async def _both_planned(emu: KubeEmulator, r: MoveReconciler) -> MoveReconciler:
+    """:func:`seed_two`, and both claims' VolumeMoves created and planned (PreCopy)."""
+    seed_two(emu)
+    for name in TOGETHER:
+        await _create(r, name)
+        await r.reconcile(f"{NS}/{name}")
+    return r
+
+
 async def test_claims_moving_together_name_their_target(
     emu: KubeEmulator, reconciler: MoveReconciler
 ) -> None:
@@ -157,11 +166,7 @@ async def test_the_pod_stops_only_once_every_pre_copy_is_done(
 async def test_one_claims_failure_rolls_the_others_back(
     emu: KubeEmulator, reconciler: MoveReconciler
 ) -> None:
-    seed_two(emu)
-    r = reconciler
-    for name in TOGETHER:
-        await _create(r, name)
-        await r.reconcile(f"{NS}/{name}")
+    r = await _both_planned(emu, reconciler)
     assert (await _move(r, "data-web-0")).status.phase == MovePhase.PRE_COPY
     logs = emu.get("volumemoves", "logs-web-0", NS)
     assert logs is not None
@@ -181,11 +186,7 @@ async def test_one_claims_failure_rolls_the_others_back(
 async def test_after_a_swap_the_others_only_go_forward(
     emu: KubeEmulator, reconciler: MoveReconciler
 ) -> None:
-    seed_two(emu)
-    r = reconciler
-    for name in TOGETHER:
-        await _create(r, name)
-        await r.reconcile(f"{NS}/{name}")
+    r = await _both_planned(emu, reconciler)
     logs = emu.get("volumemoves", "logs-web-0", NS)
     assert logs is not None
     logs["status"] = {**logs["status"], "phase": "Swapping"}
@@ -212,11 +213,7 @@ async def test_after_a_swap_the_others_only_go_forward(
 async def test_a_companion_deleted_once_seen_rolls_the_move_back(
     emu: KubeEmulator, reconciler: MoveReconciler
 ) -> None:
-    seed_two(emu)
-    r = reconciler
-    for name in TOGETHER:
-        await _create(r, name)
-        await r.reconcile(f"{NS}/{name}")
+    r = await _both_planned(emu, reconciler)
     await r.reconcile(f"{NS}/data-web-0")
     assert (await _move(r, "data-web-0")).status.together_seen == "logs-web-0"
     emu.remove_now("volumemoves", "logs-web-0", NS)  # gone, finalizer and all
