@@ -53,7 +53,8 @@ class Plan:
     target_free: int
     size: int
     device_class: str
-    estimate: Estimate
+    estimate: Estimate  # of this claim's copies
+    pod_estimate: Estimate  # of the move of the pod's claims together: its downtime
     replaces: str = ""  # phase of a finished VolumeMove of the claim that is replaced
     together: tuple[str, ...] = ()  # the pod's other node-local claims, which move with it
 
@@ -149,8 +150,8 @@ def preflight_together(group: Sequence[Facts], names: Names, requested: str = ""
     other node-local claims of its pod) to one target node, which has room for all of them."""
     first = group[0]
     checked = [_check(facts, names, tuple(f.claim for f in group)) for facts in group]
-    source, work = checked[0]
-    for facts, (other_source, other_work) in zip(group[1:], checked[1:], strict=True):
+    source, work, _ = checked[0]
+    for facts, (other_source, other_work, _) in zip(group[1:], checked[1:], strict=True):
         if other_work.pod != work.pod or other_source != source:
             raise Refused(
                 "NotTogether", f"claim {facts.claim} (pod {other_work.pod}, node "
@@ -169,25 +170,27 @@ def preflight_together(group: Sequence[Facts], names: Names, requested: str = ""
         if (pod.get("metadata") or {}).get("name") == work.pod:
             labels = dict((pod.get("metadata") or {}).get("labels") or {})
     plans = []
-    for facts, size in zip(group, sizes, strict=True):
+    pod_estimate = rules.estimate(sum(sizes), first.rates)  # the pod stops once for all
+    for facts, size, (_, _, replaces) in zip(group, sizes, checked, strict=True):
         plans.append(Plan(
             namespace=facts.namespace, claim=facts.claim, pod=work.pod,
             owner=f"{work.owner_kind}/{work.owner}", pod_labels=labels, source=source,
             target=target, requested=bool(requested),
             target_free=facts.free.get(target, 0), size=size, device_class=facts.device_class,
-            estimate=rules.estimate(size, facts.rates),
-            replaces=check_existing(facts.claim, facts.existing),
+            estimate=rules.estimate(size, facts.rates), pod_estimate=pod_estimate,
+            replaces=replaces,
             together=tuple(f.claim for f in group if f.claim != facts.claim),
         ))  # fmt: skip
     return plans
 
 
-def _check(facts: Facts, names: Names, group: tuple[str, ...]) -> tuple[str, rules.Workload]:
-    """The checks of one claim of a group: its source node and its pod."""
+def _check(facts: Facts, names: Names, group: tuple[str, ...]) -> tuple[str, rules.Workload, str]:
+    """The checks of one claim of a group: its source node, its pod, and the phase of the
+    finished VolumeMove of the claim that a new one replaces ("" if none)."""
     claim = facts.claim
     rules.check_claim(claim, facts.pvc, facts.pv, names.plugin)
     assert facts.pv is not None  # check_claim refuses a claim without one
-    check_existing(claim, facts.existing)
+    replaces = check_existing(claim, facts.existing)
     source = rules.source_node(facts.pv, names.topology_key)
     if not source:
         pv_name = (facts.pv.get("metadata") or {}).get("name")
@@ -198,4 +201,4 @@ def _check(facts: Facts, names: Names, group: tuple[str, ...]) -> tuple[str, rul
     work = rules.workload(claim, facts.pods, facts.replicaset_owner)
     rules.together(work.pod, claim, facts.local_claims, [c for c in group if c != claim])
     check_volume(facts.lv, facts.pv)
-    return source, work
+    return source, work, replaces

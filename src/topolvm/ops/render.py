@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from topolvm.k8s.moveobject import MovePhase, MoveStatus, VolumeMoveObject
-from topolvm.move.rules import RESTART_SECONDS, Estimate, Refused
+from topolvm.move.rules import Estimate, Refused
 from topolvm.ops.preflight import Plan
 from topolvm.units import human
 
@@ -36,19 +36,6 @@ def downtime_text(est: Estimate) -> str:
     )
 
 
-def together_estimate(plans: list[Plan]) -> Estimate:
-    """The estimate of moves made together: their final copies add up; the pod stops once."""
-    est = plans[0].estimate
-    delta = sum(p.estimate.delta_bytes for p in plans)
-    return Estimate(
-        sum(p.estimate.precopy_bytes for p in plans),
-        delta,
-        est.rate,
-        est.measured,
-        RESTART_SECONDS + delta / est.rate,
-    )
-
-
 def dry_run_text(plans: list[Plan]) -> str:
     """What ``topolvm move --dry-run`` says it would do (the claim asked for first, then the
     other node-local claims of its pod, which move with it)."""
@@ -63,7 +50,7 @@ def dry_run_text(plans: list[Plan]) -> str:
             f"  data of {p.claim}: at most {human(p.size)} ({p.size} bytes, the volume's "
             "size; zero and unwritten blocks do not travel), most of it while the pod runs"
         )  # fmt: skip
-    lines.append(f"  downtime: {downtime_text(together_estimate(plans))}")
+    lines.append(f"  downtime: {downtime_text(plan.pod_estimate)}")
     for p in plans:
         if p.replaces:
             lines.append(f"  the finished VolumeMove {p.key} ({p.replaces}) would be replaced")
