@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightkube import AsyncClient
+from lightkube import ALL_NS, AsyncClient
 from lightkube.resources.core_v1 import Event, PersistentVolume, PersistentVolumeClaim, Pod
+from lightkube.resources.storage_v1 import CSIStorageCapacity
 
 from devtools import nodeimages
 from devtools.testbed.controlplane import ControlPlane
@@ -24,6 +25,7 @@ from tests.cluster_fixtures import GROUP_LABEL, NodeSet, node_annotations, uniqu
 from tests.helpers import eventually
 from topolvm.constants import NORMAL, Names
 from topolvm.k8s import api
+from topolvm.k8s.lvobject import parse_quantity
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -262,6 +264,31 @@ class Scenario:
         self.before = await eventually(
             "capacity annotations on every node", annotated, details=logs
         )
+
+    async def capacities_published(self, sc: str, device_class: str) -> None:
+        """Wait until csi-provisioner has a CSIStorageCapacity of ``sc`` for every node that
+        says what the node's annotation says. Until then kube-scheduler's VolumeBinding filter
+        rejects the nodes without one, and a pod created at once may land on whichever node's
+        object came first rather than where the test expects it."""
+        key, topology = self.names.capacity_annotation(device_class), self.names.topology_key
+
+        async def matching() -> bool:
+            items, _ = await api.list_all(self.client, CSIStorageCapacity, namespace=ALL_NS)
+            says = {
+                (i.get("nodeTopology") or {}).get("matchLabels", {}).get(topology):
+                    str(i.get("capacity", ""))
+                for i in items if i.get("storageClassName") == sc
+            }  # fmt: skip
+            for n in self.nodes:
+                want = (await node_annotations(self.client, n.name)).get(key)
+                if want is None or n.name not in says:
+                    return False
+                if parse_quantity(says[n.name]) != int(want):
+                    return False
+            return True
+
+        await eventually(f"CSIStorageCapacity of {sc} for every node", matching,
+                         details=self._state)  # fmt: skip
 
     def apply(self, *objs: dict[str, Any]) -> None:
         for obj in objs:

@@ -95,39 +95,44 @@ async def test_pod_with_pvcs_lands_on_the_roomiest_uml_node_and_gets_its_volumes
                 "topolvm.io/device-class": "ssd",
                 "csi.storage.k8s.io/fstype": "xfs",
             },
-        },
-        claim(data, sc, "2Gi"),
-        claim(raw, sc, "1Gi", block=True),
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": pod,
-                "namespace": "default",
-                # What topolvm-controller's pod webhook will write for 2Gi + 1Gi of ssd.
-                "annotations": {"capacity.topolvm.io/ssd": str(3 * GiB)},
-            },
-            "spec": {
-                "terminationGracePeriodSeconds": 1,
-                "schedulerName": "topolvm-extender",
-                "nodeSelector": {GROUP_LABEL: group},
-                "containers": [
-                    {
-                        "name": "app",
-                        "image": busybox(),
-                        "command": ["sleep", "1000000"],
-                        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-                        "volumeDevices": [{"name": "raw", "devicePath": "/dev/raw"}],
-                    }
-                ],
-                "volumes": [
-                    {"name": "data", "persistentVolumeClaim": {"claimName": data}},
-                    {"name": "raw", "persistentVolumeClaim": {"claimName": raw}},
-                ],
-            },
-        },
+        }
     )
     try:
+        # The pod is created only once kube-scheduler can see every node's capacity for the class:
+        # before that, VolumeBinding rejects the nodes still without a CSIStorageCapacity.
+        await s.capacities_published(sc, "ssd")
+        control_plane.apply(
+            claim(data, sc, "2Gi"),
+            claim(raw, sc, "1Gi", block=True),
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": pod,
+                    "namespace": "default",
+                    # What topolvm-controller's pod webhook will write for 2Gi + 1Gi of ssd.
+                    "annotations": {"capacity.topolvm.io/ssd": str(3 * GiB)},
+                },
+                "spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "schedulerName": "topolvm-extender",
+                    "nodeSelector": {GROUP_LABEL: group},
+                    "containers": [
+                        {
+                            "name": "app",
+                            "image": busybox(),
+                            "command": ["sleep", "1000000"],
+                            "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                            "volumeDevices": [{"name": "raw", "devicePath": "/dev/raw"}],
+                        }
+                    ],
+                    "volumes": [
+                        {"name": "data", "persistentVolumeClaim": {"claimName": data}},
+                        {"name": "raw", "persistentVolumeClaim": {"claimName": raw}},
+                    ],
+                },
+            },
+        )
         node_name, data_lv, data_id = await bound_volume(cluster_client, data)
         volumes.append(data_lv)
         assert node_name == roomiest.name
