@@ -71,6 +71,31 @@ def writer_set(
     }  # fmt: skip
 
 
+def holding_set(name: str, claim: str, group: str) -> dict[str, Any]:
+    """A one-replica StatefulSet whose pod (``<name>-0``, on a node of ``group``) mounts the
+    existing claim ``claim`` at /data and sleeps."""
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "replicas": 1, "serviceName": name, "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "terminationGracePeriodSeconds": 1, "automountServiceAccountToken": False,
+                    "nodeSelector": {GROUP_LABEL: group},
+                    "containers": [{
+                        "name": "app", "image": busybox(), "command": ["sleep", "1000000"],
+                        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                    }],
+                    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
+                },
+            },
+        },
+    }  # fmt: skip
+
+
 @contextlib.asynccontextmanager
 async def move_webhook(cp: ControlPlane, client: AsyncClient) -> AsyncIterator[None]:
     """topolvm-controller's pod webhook for the tests' namespace (it holds the pods of a claim

@@ -32,13 +32,15 @@ from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import DriverStack
 from devtools.testbed.umlnode import UmlNode
 from tests.chaos_helpers import MIB, READ, WRITE, Volume, device_class, settled, with_data
-from tests.cluster_fixtures import NodeSet, record_line, unique
+from tests.cluster_fixtures import NodeSet, pod_node, record_line, unique
 from tests.faults_helpers import pinned_class
 from tests.helpers import eventually
 from tests.lvm_fixtures import THICK, THIN
+from tests.move_helpers import delete_move, holding_set, move_done, move_webhook, start_move
 from tests.provisioning import NS, Scenario, bound, claim
 from topolvm.k8s import api
 from topolvm.k8s.lvobject import parse_quantity
+from topolvm.k8s.moveobject import MovePhase
 
 # One event loop for the module: the campaign (its API client, its gRPC channels) spans the runs.
 pytestmark = [pytest.mark.cluster, pytest.mark.asyncio(loop_scope="module")]
@@ -51,6 +53,11 @@ VICTIMS = tuple(os.environ.get("TOPOLVM_CHAOS_VICTIMS", ",".join(KNOWN_VICTIMS))
 if unknown := set(VICTIMS) - set(KNOWN_VICTIMS):
     raise ValueError(f"TOPOLVM_CHAOS_VICTIMS: unknown {sorted(unknown)}; "
                      f"known {list(KNOWN_VICTIMS)}")  # fmt: skip
+KNOWN_OPS = ("create", "delete", "expand", "snapshot", "restore", "move")
+# TOPOLVM_CHAOS_OPS narrows the operations drawn (create is drawn while none of them can be)
+OPS = tuple(os.environ.get("TOPOLVM_CHAOS_OPS", ",".join(KNOWN_OPS)).split(","))
+if unknown := set(OPS) - set(KNOWN_OPS):
+    raise ValueError(f"TOPOLVM_CHAOS_OPS: unknown {sorted(unknown)}; known {list(KNOWN_OPS)}")
 CLASSES = [device_class(THICK), device_class(THIN)]
 THICK_BUDGET_MIB = 3 * 1024  # of the 5 GiB the thick class offers (10 GiB VG, 4 GiB pool, spare)
 SNAPSHOT = {"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot"}
@@ -71,7 +78,9 @@ class Campaign:
     snapshots: dict[str, Volume] = field(default_factory=dict)  # what a restore must read
     runs: Counter[str] = field(default_factory=Counter)
     restarts: Counter[str] = field(default_factory=Counter)
+    moves: Counter[str] = field(default_factory=Counter)  # how the moves ended
     recovery: list[float] = field(default_factory=list)
+    slowest: tuple[float, str] = (0.0, "")  # the longest recovery, and its run
     activation: str = ""  # what LVM's activation printed after the last power loss, if it failed
     restores: int = 0
     last_op: str = ""  # what the last operation turned out to be: a restore may be an xrestore
@@ -91,7 +100,17 @@ class Campaign:
             ops.append("snapshot")
         if self.snapshots and len(self.volumes) < 6:
             ops.append("restore")  # every other one onto the second node (``restore``)
+        if self._movable():
+            ops.append("move")
         return ops
+
+    def _movable(self) -> list[str]:
+        """Claims on the campaign's node that may move to the second node (while it holds
+        fewer than 3 volumes). A grown claim's filesystem waits for a kubelet to mount it; the
+        move's pod would do that, and it is left out to keep the run to one operation."""
+        if sum(v.node == self.other.name for v in self.volumes.values()) >= 3:
+            return []
+        return sorted(n for n, v in self.volumes.items() if not v.node and not v.expanded)
 
     def _growable(self) -> list[str]:
         return sorted(n for n, v in self.volumes.items() if not v.expanded)
@@ -204,6 +223,36 @@ class Campaign:
 
         return done
 
+    async def move(self, rng: random.Random) -> Done:
+        """A claim on the campaign's node, mounted by a StatefulSet's pod running there, moves
+        to the second node (docs/mobility.md): pre-copy, the pod stopped, the final copy, the
+        claim re-created bound to the copy, the pod started there. A crash may also end it
+        rolled back, the claim and its pod where they were: either way the data reads back."""
+        v = self.volumes[rng.choice(self._movable())]
+        name = unique("hold")
+        self.s.cp.apply(holding_set(name, v.claim, self.s.group))
+        await self.s.running(f"{name}-0")
+        await start_move(self.client, v.claim, self.other.name)
+
+        async def done() -> None:
+            vm = await move_done(self.client, v.claim, timeout=200)
+            assert vm.status.phase in (MovePhase.SUCCEEDED, MovePhase.ROLLED_BACK), vm.status
+            why = f" ({vm.status.reason})" if vm.status.reason else ""
+            self.moves[f"{vm.status.phase}{why}"] += 1
+            moved = vm.status.phase == MovePhase.SUCCEEDED
+            await self.s.running(f"{name}-0")
+            landed = await pod_node(self.client, f"{name}-0")
+            assert landed == (self.other if moved else self.node).name, (landed, vm.status)
+            if moved:
+                v.node = self.other.name
+            # the pod goes (its kubelet unpublishes the claim), then the finished move
+            await asyncio.to_thread(self.s.cp.kubectl, "delete", "statefulset", name, "-n", NS,
+                                    "--cascade=foreground", "--timeout=120s",
+                                    timeout=150)  # fmt: skip
+            await delete_move(self.client, v.claim)
+
+        return done
+
     def node_of(self, v: Volume) -> UmlNode:
         return self.other if v.node == self.other.name else self.node
 
@@ -242,7 +291,8 @@ def chaos_nodes(
     mode); and a second node (vg1 6 GiB, pool0 2 GiB, lvmd embedded) where restores are copied."""
     nodes = NodeSet(control_plane, "chaos", tmp_path_factory.mktemp("chaos"))
     try:
-        node, other = nodes.make(2, vg_gib=[10, 6])
+        # kubelets: the move operation's pod runs on one, then the other
+        node, other = nodes.make(2, vg_gib=[10, 6], kubelet=True)
         node.lvm("lvcreate", "-T", "vg1/pool0", "-L", "4g")
         other.lvm("lvcreate", "-T", "vg1/pool0", "-L", "2g")
         socket = node.start_lvmd([THICK, THIN])
@@ -279,7 +329,8 @@ async def campaign(
     elsewhere = pinned_class(s, [other], "thin")
     c = Campaign(s, chaos_node, other, driver, sc, tracked, vsc, elsewhere)
     try:
-        yield c
+        async with move_webhook(control_plane, client):  # holds a moving claim's pod
+            yield c
     finally:
         if "topolvm-controller" not in driver.children:
             driver.restart_after_crash()
@@ -297,7 +348,10 @@ def _report(c: Campaign) -> None:
     lines = [f"chaos: {len(c.recovery)} seeded runs (seed {SEED}): "
              + ", ".join(f"{k} {n}" for k, n in sorted(c.runs.items())),
              f"  recovery (crash to every invariant holding and data read back): median "
-             f"{statistics.median(c.recovery):.1f}s, max {max(c.recovery):.1f}s"]  # fmt: skip
+             f"{statistics.median(c.recovery):.1f}s, max {max(c.recovery):.1f}s "
+             f"({c.slowest[1]})"]  # fmt: skip
+    if c.moves:
+        lines.append("  moves: " + ", ".join(f"{k} {n}" for k, n in sorted(c.moves.items())))
     if c.restarts:
         lines.append("  exited after a crash and restarted: "
                      + ", ".join(f"{k} {n}" for k, n in sorted(c.restarts.items())))  # fmt: skip
@@ -310,12 +364,15 @@ def _report(c: Campaign) -> None:
 async def test_crash_at_a_random_point(campaign: Campaign, run: int) -> None:
     c = campaign
     rng = random.Random(f"{SEED}:{run}")
-    op = rng.choice(c.possible())
+    possible = c.possible()
+    op = rng.choice([o for o in possible if o in OPS] or possible)
     victim = VICTIMS[run % len(VICTIMS)]
     delay = round(rng.uniform(0, 3), 2)
     c.activation, c.last_op = "", ""
     done = await getattr(c, op)(rng)
     op = c.last_op or op
+    if op == "move":  # its steps span seconds: a crash may come in any of them
+        delay = round(delay * 5, 2)
     what = f"run {run} (seed {SEED}): {op}, {victim} killed after {delay}s"
     await asyncio.sleep(delay)
     t0 = time.monotonic()
@@ -337,3 +394,5 @@ async def test_crash_at_a_random_point(campaign: Campaign, run: int) -> None:
     except (AssertionError, TimeoutError) as exc:
         raise AssertionError(f"{what}: {exc}") from exc
     c.recovery.append(time.monotonic() - t0)
+    c.slowest = max(c.slowest, (c.recovery[-1], what))
+    print(f"{what}: recovered in {c.recovery[-1]:.1f}s")

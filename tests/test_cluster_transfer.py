@@ -267,6 +267,9 @@ async def test_a_pods_two_claims_move_together_losing_no_write(abc: Scenario) ->
         await w.check(vm, logs)
         # the final copy sent what changed since the pre-copy, not the volume again
         assert 0 < vm.status.delta_bytes < vm.status.precopy_bytes
+        # the thick claim's read only the chunks its first cut's exception table lists
+        said = await events_for(abc.client, "PersistentVolumeClaim", w.logs)
+        assert any("thick, its changed chunks" in e for e in said), said
         assert vm.status.downtime_seconds > 0
 
 

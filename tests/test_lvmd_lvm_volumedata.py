@@ -4,7 +4,8 @@ move's cut with a smaller area on a VG without the room, and its overflow seen; 
 volume's device, size and chunk (DescribeLV); a thin volume's mapped blocks from a reserved
 metadata snapshot (ThinMappings), also after a reservation was left behind; a thin volume
 discarded reads as zeros again; where a thin snapshot maps other blocks than an older one
-(ThinDelta): exactly the chunks written between them."""
+(ThinDelta): exactly the chunks written between them; and where two thick cuts of one origin
+differ (CowDelta, from their exception tables): the same."""
 
 # ruff: noqa: F811  (fixtures imported from tests.lvmd_lvm_helpers are parameters here)
 
@@ -179,6 +180,48 @@ async def test_a_thin_delta_covers_exactly_the_chunks_written_between_two_snapsh
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     await both.lv.CreateLV(pb.CreateLVRequest(name="k", size_bytes=64 * MiB))
     code, _ = await code_of(delta("k", "t-a", dc=""))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_a_cow_delta_lists_the_chunks_written_between_two_thick_cuts(
+    both: LvmdClient,
+) -> None:
+    """CowDelta (a thick move's final copy): the chunks of the origin written between two of
+    its cuts, read from the cuts' exception tables, either way round; none since the newer."""
+    await both.lv.CreateLV(pb.CreateLVRequest(name="k", size_bytes=64 * MiB))
+    _dd("/dev/vg1/k", 0, 64)
+
+    async def cut(name: str) -> None:
+        await both.data.CreateCut(vd.CreateCutRequest(name=name, source_volume="k",
+                                                      tags=["topolvm/cut"]))  # fmt: skip
+
+    await cut("k-a")
+    chunk = int(_lv_fields("vg1/k-a", "chunk_size")["chunk_size"])
+    written = [(2 * MiB, MiB), (10 * MiB + 3 * chunk, 2 * chunk), (40 * MiB, chunk)]
+    for offset, length in written:
+        _dd("/dev/vg1/k", offset // chunk, length // chunk, bs=chunk)
+    await cut("k-b")
+
+    async def delta(name: str, base: str, dc: str = "") -> list[tuple[int, int]]:
+        req = vd.CowDeltaRequest(name=name, base=base, device_class=dc)
+        return [(o, n) for m in await _all(both.data.CowDelta(req))
+                for o, n in zip(m.offsets, m.lengths, strict=True)]  # fmt: skip
+
+    assert await delta("k-b", "k-a") == written
+    assert await delta("k-a", "k-b") == written
+    assert await delta("k", "k-a") == written  # the origin against its cut
+    assert await delta("k", "k-b") == []  # nothing written since B
+    _dd("/dev/vg1/k", 50 * MiB // chunk, 1, bs=chunk)  # after B: in both tables
+    assert await delta("k-b", "k-a") == [*written, (50 * MiB, chunk)]
+
+    code, _ = await code_of(delta("k-b", "nope"))
+    assert code == grpc.StatusCode.NOT_FOUND
+    code, _ = await code_of(delta("k-b", "--all"))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    await both.lv.CreateLV(pb.CreateLVRequest(name="other", size_bytes=64 * MiB))
+    code, msg = await code_of(delta("other", "k-a"))  # not cuts of one origin
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "one origin" in msg
+    code, _ = await code_of(delta("k-b", "k-a", dc="thin"))
     assert code == grpc.StatusCode.FAILED_PRECONDITION
 
 

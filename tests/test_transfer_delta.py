@@ -36,13 +36,13 @@ SOURCE_ID = "Zr3pQe-1AbC-9xYz-2DeF-3GhI-4JkL-5MnOpQ"
 
 class Volumes:
     """A source ``src`` (B) and its base ``base`` (A); ``changed`` is what lvmd says differs
-    (None: it cannot say, or the volumes are thick)."""
+    (None: it cannot say)."""
 
     def __init__(self, source: Path, base: Path, thin: bool, changed: list[tuple[int, int]] | None):
         self.paths = {"src": source, "base": base}
         self.thin = thin
         self.ranges = changed
-        self.asked: list[tuple[str, str]] = []
+        self.asked: list[tuple[str, str, bool]] = []  # (name, base, thin)
 
     async def describe(self, name: str, device_class: str, with_uuid: bool = False) -> VolumeInfo:
         path = self.paths[name]
@@ -55,9 +55,9 @@ class Volumes:
         raise AssertionError("a delta copy asks what changed, not what is mapped")
 
     async def changed(
-        self, name: str, base: str, device_class: str
+        self, name: str, base: str, device_class: str, thin: bool = True
     ) -> list[tuple[int, int]] | None:
-        self.asked.append((name, base))
+        self.asked.append((name, base, thin))
         return self.ranges
 
 
@@ -161,7 +161,7 @@ async def test_a_thin_delta_sends_only_the_changed_chunks_and_the_target_becomes
     target = v.target(tmp_path, chunk)
     outcome = await s.receive(target)
     assert Path(target.path).read_bytes() == v.b
-    assert volumes.asked == [("src", "base")]
+    assert volumes.asked == [("src", "base", True)]
     assert outcome.accept.delta and "delta against base" in outcome.accept.source
     # rewritten chunks travel as data, cleared ones as zeros (written: the target held A's
     # data there), the one rewritten with its old bytes and all the rest are kept
@@ -183,16 +183,41 @@ async def test_a_thick_delta_compares_every_segment_and_sends_those_that_differ(
     b[11 * SEG : 12 * SEG] = bytes(SEG)
     v.b = bytes(b)
     v.source.write_bytes(v.b)
-    volumes = Volumes(v.source, v.base, thin=False, changed=None)
+    volumes = Volumes(v.source, v.base, thin=False, changed=None)  # lvmd cannot say
     s = await sender(volumes)
     target = v.target(tmp_path, chunk)
     outcome = await s.receive(target)
     assert Path(target.path).read_bytes() == v.b
-    assert volumes.asked == []  # thick: nothing to ask lvmd, every segment is compared
+    assert volumes.asked == [("src", "base", False)]  # its cuts' exception tables, unknown
     assert "compared block by block" in outcome.accept.source
     # the two segments with a rewritten chunk travel whole; the cleared one as zeros
     assert (outcome.data_bytes, outcome.zero_bytes) == (2 * SEG, SEG)
     assert outcome.keep_bytes == SIZE - 3 * SEG
+
+
+async def test_a_thick_delta_reads_only_the_chunks_its_cuts_list(
+    sender: MakeSender, tmp_path: Path
+) -> None:
+    """Two thick cuts of one origin: lvmd lists the chunks written between them (the older
+    cut's exception table, in its own chunk size), and only those are read and compared; one
+    listed chunk was written with the bytes it had, and is kept."""
+    v = Pair(tmp_path, seed=4)
+    b = bytearray(v.a)
+    written = [3, 40, 41, 200]  # chunks of the table (CHUNK bytes each)
+    for c in written[:-1]:
+        b[c * CHUNK : (c + 1) * CHUNK] = random.Random(c).randbytes(CHUNK)
+    v.b = bytes(b)
+    v.source.write_bytes(v.b)
+    listed = [(3 * CHUNK, CHUNK), (40 * CHUNK, 2 * CHUNK), (200 * CHUNK, CHUNK)]
+    volumes = Volumes(v.source, v.base, thin=False, changed=listed)
+    s = await sender(volumes)
+    target = v.target(tmp_path, 0)
+    outcome = await s.receive(target)
+    assert Path(target.path).read_bytes() == v.b
+    assert volumes.asked == [("src", "base", False)]
+    assert "thick, its changed chunks" in outcome.accept.source
+    assert outcome.data_bytes == 3 * CHUNK  # chunk 200 was listed, but holds what it held
+    assert outcome.keep_bytes == SIZE - 3 * CHUNK
 
 
 async def test_a_stopped_delta_copy_resumes_from_its_checkpoint(

@@ -57,7 +57,7 @@ class FakeVolumes:
         return self.volumes[name][1]
 
     async def changed(
-        self, name: str, base: str, device_class: str
+        self, name: str, base: str, device_class: str, thin: bool = True
     ) -> list[tuple[int, int]] | None:
         return None
 

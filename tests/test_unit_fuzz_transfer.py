@@ -225,7 +225,7 @@ class _Volumes:
         return None
 
     async def changed(
-        self, name: str, base: str, device_class: str
+        self, name: str, base: str, device_class: str, thin: bool = True
     ) -> list[tuple[int, int]] | None:
         return None
 

@@ -46,6 +46,9 @@ class LvmdClient(Protocol):
     def thin_delta(
         self, name: str, base: str, device_class: str
     ) -> AsyncIterator[tuple[int, int]]: ...
+    def cow_delta(
+        self, name: str, base: str, device_class: str
+    ) -> AsyncIterator[tuple[int, int]]: ...
     async def check_health(self) -> None:
         """Raise :class:`LvmdCallError` unless lvmd answers SERVING."""
 
@@ -145,6 +148,10 @@ class SocketLvmd:
         req = vd.ThinDeltaRequest(name=name, base=base, device_class=device_class)
         return self._range_stream("ThinDelta", req)
 
+    def cow_delta(self, name: str, base: str, device_class: str) -> AsyncIterator[tuple[int, int]]:
+        req = vd.CowDeltaRequest(name=name, base=base, device_class=device_class)
+        return self._range_stream("CowDelta", req)
+
     async def check_health(self) -> None:
         req = health_pb2.HealthCheckRequest(service="")
         resp = await self._call(_HEALTH, "Check", req, 10)
@@ -227,6 +234,14 @@ class EmbeddedLvmd:
     ) -> AsyncIterator[tuple[int, int]]:
         req = vd.ThinDeltaRequest(name=name, base=base, device_class=device_class)
         async for msg in self._server.data.ThinDelta(req, self._ctx):
+            for r in _ranges(msg):
+                yield r
+
+    async def cow_delta(
+        self, name: str, base: str, device_class: str
+    ) -> AsyncIterator[tuple[int, int]]:
+        req = vd.CowDeltaRequest(name=name, base=base, device_class=device_class)
+        async for msg in self._server.data.CowDelta(req, self._ctx):
             for r in _ranges(msg):
                 yield r
 

@@ -76,18 +76,20 @@ class LvmdVolumes:
             return None
 
     async def changed(
-        self, name: str, base: str, device_class: str
+        self, name: str, base: str, device_class: str, thin: bool = True
     ) -> list[tuple[int, int]] | None:
+        delta = self.lvmd.thin_delta if thin else self.lvmd.cow_delta
         try:
-            return [r async for r in self.lvmd.thin_delta(name, base, device_class)]
+            return [r async for r in delta(name, base, device_class)]
         except LvmdCallError as e:
             if e.code in (Status.NOT_FOUND, Status.UNAVAILABLE):
                 raise SourceFailed(f"lvmd cannot compare LV {name} with {base}: {e.message}") from e
-            # an lvmd without ThinDelta, or no thin_dump on the host: the copy compares every
-            # range with the base, which is correct, only slower
+            # an lvmd without ThinDelta or CowDelta, no thin_dump on the host, or volumes that
+            # are not cuts of one origin: the copy compares every range with the base, which is
+            # correct, only slower
             log.warning(
-                "thin delta unknown; comparing the volume with its base whole",
-                extra={"lv": name, "base": base, "error": str(e)},
+                "delta unknown; comparing the volume with its base whole",
+                extra={"lv": name, "base": base, "thin": thin, "error": str(e)},
             )
             return None
 

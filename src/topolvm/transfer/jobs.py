@@ -30,10 +30,12 @@ class Volumes(Protocol):
         without VolumeData, no thin_dump): the volume is then read whole."""
 
     async def changed(
-        self, name: str, base: str, device_class: str
+        self, name: str, base: str, device_class: str, thin: bool = True
     ) -> list[tuple[int, int]] | None:
-        """Byte ranges where thin volume ``name`` maps other blocks than thin volume ``base``
-        (in the same pool), sorted and merged; None when unknown: every range is compared."""
+        """Byte ranges where volume ``name`` may differ from ``base``, sorted and merged: for
+        two thin volumes of one pool, where they map other blocks; for two thick cuts of one
+        origin (``thin`` False), the chunks written since the older one. None when unknown:
+        every range is compared."""
 
 
 @dataclass(frozen=True)

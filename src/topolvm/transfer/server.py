@@ -9,8 +9,9 @@ and, while this process remembers the job, no further than it sent and with the 
 computed there); one that fails a check starts over from zero rather than trusting it.
 
 A job with a base (a delta copy, :class:`~.jobs.Job`) reads the base too: a thin source only
-where lvmd says its blocks differ from the base's, anything else wholly, compared with the
-base; what is equal travels as KEEP records (:mod:`.pipeline`).
+where lvmd says its blocks differ from the base's, a thick cut only the chunks written since the
+older cut (lvmd reads the snapshots' exception tables), anything else wholly, compared with
+the base; what is equal travels as KEEP records (:mod:`.pipeline`).
 
 The handshake, the stream and the receiver's acknowledgements run in worker threads on
 blocking sockets (no event-loop hop per record); the loop only accepts, authorises and keeps
@@ -113,7 +114,13 @@ class Reading:
 
     def kind(self) -> str:
         if not self.source.thin:
-            return "thick" if self.base is None else "thick, compared block by block"
+            if self.base is None:
+                return "thick"
+            return (
+                "thick, compared block by block"
+                if self.ranges is None
+                else "thick, its changed chunks"
+            )
         if self.ranges is None:
             return "thin, whole" if self.base is None else "thin, compared block by block"
         return "thin, its mapped blocks" if self.base is None else "thin, its changed blocks"
@@ -332,8 +339,12 @@ class TransferServer:
             if base is None:
                 mapped = await self.volumes.mapped(job.volume, dc) if info.thin else None
                 return Reading(info, mapped)
-            both = info.thin and base.thin
-            changed = await self.volumes.changed(job.volume, job.base, dc) if both else None
+            alike = info.thin == base.thin
+            changed = (
+                await self.volumes.changed(job.volume, job.base, dc, thin=info.thin)
+                if alike
+                else None
+            )
         except TransferError as e:
             raise Refused("unavailable", f"the source cannot be read now: {e}") from e
         return Reading(info, changed, base)
