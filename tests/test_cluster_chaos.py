@@ -1,12 +1,14 @@
 """The crash campaign: seeded runs, each one operation (create, delete, expand, snapshot,
-restore; every other restore onto a second node: a copy from the first, docs/mobility.md) with one
+restore; every other restore onto a second node: a copy from the first, docs/mobility.md; move: a
+claim a StatefulSet's pod uses moves to the second node, both nodes running kubelets) with one
 crash at a random point of it: SIGKILL of topolvm-controller, of topolvm-node, of lvmd (socket
 mode), or a power loss of the UML node itself (the first node: the copy's sender). After each
 run the operation must complete, every invariant hold on both nodes (tests/invariants.py), and
 every volume's data read back with the checksum it was written with.
 
 ``make test`` runs the first 10 seeded runs, ``make chaos`` 100 (TOPOLVM_CHAOS_RUNS;
-TOPOLVM_CHAOS_VICTIMS narrows the victims, TOPOLVM_CHAOS_SEED picks another campaign; a failing
+TOPOLVM_CHAOS_VICTIMS narrows the victims, TOPOLVM_CHAOS_OPS the operations,
+TOPOLVM_CHAOS_SEED picks another campaign; a failing
 run names its seed, operation, victim and delay). The victims take turns (run n: the n-th
 victim, cyclically); the operation and the delay are drawn from the seed. The two failures the
 long campaign found are fixed (docs/reliability.md)."""
