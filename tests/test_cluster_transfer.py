@@ -274,32 +274,25 @@ async def test_a_pods_two_claims_move_together_losing_no_write(abc: Scenario) ->
 
 
 async def test_a_move_survives_crashes_at_every_step(abc: Scenario, driver: DriverStack) -> None:
-    """topolvm-controller SIGKILLed in every step of a move, the source's topolvm-node in the
-    pre-copy, the target's in the final copy: the move goes on from where it was, and ends
-    with every write in place."""
+    """topolvm-controller and both nodes' topolvm-node SIGKILLed (and started again) together
+    in every step of a move: the move goes on from where it was, and ends with every write in
+    place."""
     s = abc
     async with _writer(s) as w:
-        source = next(n for n in s.nodes if n.name == w.source)
-        target = next(n for n in s.nodes if n.name == w.target)
+        ends = [n for n in s.nodes if n.name in (w.source, w.target)]
 
-        def controller() -> None:
+        def kill_all() -> None:
+            for n in ends:
+                n.signal("topolvm-node", "SIGKILL", wait=10)
             driver.kill_controller()
+            for n in ends:
+                n.respawn("topolvm-node")
             driver.restart_after_crash()
 
-        def node(n: UmlNode) -> Callable[[], None]:
-            def kill() -> None:
-                n.signal("topolvm-node", "SIGKILL", wait=10)
-                n.respawn("topolvm-node")
-                controller()
-
-            return kill
-
+        steps = (MovePhase.PRE_COPY, MovePhase.STOPPING, MovePhase.FINAL_COPY,
+                 MovePhase.SWAPPING, MovePhase.STARTING)  # fmt: skip
         await start_move(s.client, w.claim, w.target)
-        acted = await at_phases(s.client, w.claim, {
-            MovePhase.PRE_COPY: node(source), MovePhase.STOPPING: controller,
-            MovePhase.FINAL_COPY: node(target), MovePhase.SWAPPING: controller,
-            MovePhase.STARTING: controller,
-        })  # fmt: skip
+        acted = await at_phases(s.client, w.claim, dict.fromkeys(steps, kill_all))
         vm = await move_done(s.client, w.claim)
         assert vm.status.phase == MovePhase.SUCCEEDED, (acted, vm.status)
         assert len(acted) >= 4, acted  # the steps seen (one may pass between two polls)

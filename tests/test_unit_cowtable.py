@@ -71,6 +71,17 @@ def test_a_header_that_is_not_a_live_store_is_refused(
         header_chunk_bytes(header)
 
 
+def test_a_full_area_followed_by_a_zeroed_one_ends_the_table() -> None:
+    exactly = list(range(PER_AREA))  # the kernel zeroes the next area before it fills one
+    assert chunks_of(store(exactly, areas=3)) == set(exactly)
+
+
+def test_a_device_without_room_for_the_first_area_is_an_error() -> None:
+    header = store([])[:CHUNK]
+    with pytest.raises(CowTableError, match="no metadata area"):
+        chunks_of(header)
+
+
 def test_a_short_read_of_an_area_is_an_error() -> None:
     dev = store([1, 2])
     with pytest.raises(CowTableError, match="read 100 bytes"):

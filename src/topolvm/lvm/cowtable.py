@@ -14,8 +14,9 @@ of the snapshot's chunk size:
 
 The table ends at the first pair whose ``new_chunk`` is 0 (chunk 0 is the header, never data);
 a full area goes on in the next. Every chunk of the origin written after the snapshot was taken
-is in the table (the kernel commits a pair before the origin's write completes), so two
-snapshots of one origin differ at most in the chunks listed in the older one's table.
+is in the table (the kernel commits a pair before the origin's write completes), and so is
+every chunk written to the snapshot itself: two snapshots of one origin differ at most in the
+chunks listed in their two tables.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ def written_chunks(read: Callable[[int, int], bytes], chunk_bytes: int, cow_byte
     while True:
         offset = (1 + area * (per_area + 1)) * chunk_bytes
         if offset + chunk_bytes > cow_bytes:
+            if area == 0:  # the kernel writes the first area when it makes the snapshot
+                raise CowTableError(f"a COW device of {cow_bytes} bytes has no metadata area")
             return chunks  # the last area was full, and the device has no room for another
         data = read(offset, chunk_bytes)
         if len(data) != chunk_bytes:

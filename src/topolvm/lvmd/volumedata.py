@@ -189,16 +189,9 @@ class VolumeDataService:
                 f"{lv.full_name} and {base.full_name} are not COW snapshots of one origin"
             )
         tables = []
-        for snap in snapshots:
-            cow = f"/dev/mapper/{dm_name(snap.vg_name, snap.name, 'cow')}"
-            try:
-                tables.append(await asyncio.to_thread(_cow_table, cow))
-            except FileNotFoundError as e:
-                raise status.FailedPrecondition(f"{snap.full_name} is not active: {e}") from e
-            except SnapshotInvalid as e:
-                raise status.FailedPrecondition(f"{snap.full_name}: {e}") from e
-            except (OSError, CowTableError) as e:
-                raise status.Internal(f"cannot read the exception table of {cow}: {e}") from e
+        async with self.state.lock:  # no LVM change (a cut's removal) while the tables are read
+            for snap in snapshots:
+                tables.append(await self._table(snap))
         chunk = max(c for c, _ in tables)  # both tables in the larger chunks (powers of two)
         ranges = chunk_ranges({n * c // chunk for c, chunks in tables for n in chunks}, chunk)
         log.info("read COW delta", extra={"lv": lv.full_name, "base": base.full_name,
@@ -206,6 +199,23 @@ class VolumeDataService:
                                           "changed_bytes": sum(n for _, n in ranges)})  # fmt: skip
         for reply in _batches(ranges, chunk):
             yield reply
+
+    async def _table(self, snap: LvRecord) -> tuple[int, set[int]]:
+        """A COW snapshot's exception table; then its state as LVM has it, for a snapshot the
+        kernel dropped without managing to mark its header invalid (an I/O error there)."""
+        cow = f"/dev/mapper/{dm_name(snap.vg_name, snap.name, 'cow')}"
+        try:
+            table = await asyncio.to_thread(_cow_table, cow)
+        except FileNotFoundError as e:
+            raise status.FailedPrecondition(f"{snap.full_name} is not active: {e}") from e
+        except SnapshotInvalid as e:
+            raise status.FailedPrecondition(f"{snap.full_name}: {e}") from e
+        except (OSError, CowTableError) as e:
+            raise status.Internal(f"cannot read the exception table of {cow}: {e}") from e
+        invalid, _ = await cow_state(self.runner, snap.full_name)
+        if invalid:
+            raise status.FailedPrecondition(f"{snap.full_name} overflowed: its table is not kept")
+        return table
 
     async def _dump(self, *lvs: LvRecord, runs: bool = False) -> list[ThinDump]:
         """The mappings of thin volumes of one pool, all from one metadata snapshot."""
