@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
 from typing import Any
@@ -332,6 +333,30 @@ async def test_a_move_survives_a_power_cut_of_its_target_at_every_step(abc: Scen
         # every step but one that passed while the node was booting (the swap is quick)
         assert len(cuts) >= 3, cuts
         print(f"power cuts of the target: {cuts}")
+        await w.check(vm)
+
+
+async def test_a_move_survives_its_link_cut_in_both_copies(abc: Scenario) -> None:
+    """The target's connections to the source's transfer port reset for 3 s, once in the
+    pre-copy and once in the final copy: each copy waits and says so (CopyWaiting), then goes on
+    once the link heals, and the move ends with every write in place."""
+    s = abc
+    async with _writer(s) as w:
+        source = next(n for n in s.nodes if n.name == w.source)
+        target = next(n for n in s.nodes if n.name == w.target)
+
+        def cut() -> None:
+            with refused(target, source):
+                time.sleep(3)
+
+        await start_move(s.client, w.claim, w.target)
+        acted = await at_phases(s.client, w.claim, {MovePhase.PRE_COPY: cut,
+                                                    MovePhase.FINAL_COPY: cut})  # fmt: skip
+        vm = await move_done(s.client, w.claim)
+        assert vm.status.phase == MovePhase.SUCCEEDED, (acted, vm.status)
+        assert acted == [MovePhase.PRE_COPY, MovePhase.FINAL_COPY], acted
+        said = await events_for(s.client, "PersistentVolumeClaim", w.claim)
+        assert any(e.startswith("CopyWaiting:") for e in said), said
         await w.check(vm)
 
 
