@@ -62,13 +62,9 @@ class VolumeDataService:
         self.runner = state.runner
         self._chunks: dict[str, int] = {}  # "vg/pool" -> chunk size: fixed for a pool's life
 
-    async def _find(self, dc: DeviceClass, name: str) -> LvRecord:
-        report = await self.state.fresh()
-        pool = find_pool(report, dc)
-        lv = next((lv for lv in pool.lvs(report) if lv.name == name), None)
-        if lv is None:
-            raise status.NotFound(f"logical volume {name} is not found in device class {dc.name}")
-        return lv
+    async def _find(self, dc: DeviceClass, *names: str) -> list[LvRecord]:
+        """The LVs ``names`` of ``dc``, all from one fresh report."""
+        return _pick(await self.state.fresh(), dc, *names)
 
     async def _lv_field(self, full_name: str, field: str) -> int:
         doc = await self.runner.report("lvs", full_name, "-o", field)
@@ -93,7 +89,7 @@ class VolumeDataService:
         lv = next((x for x in find_pool(report, dc).lvs(report) if x.name == name), None)
         if lv is None or (uuid and not lv.uuid):
             report = await self.state.fresh()
-            lv = await self._find(dc, name)
+            (lv,) = _pick(report, dc, name)
         return report, lv
 
     @rpc
@@ -145,7 +141,7 @@ class VolumeDataService:
         dc = resolve(self.config, request.device_class)
         if not dc.is_thin:
             raise status.FailedPrecondition(f"device class {dc.name} is not thin")
-        lv = await self._find(dc, validate.lv_name(request.name))
+        (lv,) = await self._find(dc, validate.lv_name(request.name))
         (dump,) = await self._dump(lv)
         mapped = sum(n for _, n in dump.ranges)
         ctx = {"lv": lv.full_name, "ranges": len(dump.ranges), "mapped_bytes": mapped}
@@ -160,8 +156,8 @@ class VolumeDataService:
         dc = resolve(self.config, request.device_class)
         if not dc.is_thin:
             raise status.FailedPrecondition(f"device class {dc.name} is not thin")
-        lv = await self._find(dc, validate.lv_name(request.name))
-        base = await self._find(dc, validate.lv_name(request.base))
+        lv, base = await self._find(dc, validate.lv_name(request.name),
+                                    validate.lv_name(request.base, "base"))  # fmt: skip
         if (lv.vg_name, lv.pool_lv) != (base.vg_name, base.pool_lv) or not lv.pool_lv:
             raise status.FailedPrecondition(
                 f"{lv.full_name} and {base.full_name} are not thin volumes of one pool"
@@ -181,8 +177,8 @@ class VolumeDataService:
         dc = resolve(self.config, request.device_class)
         if dc.is_thin:
             raise status.FailedPrecondition(f"device class {dc.name} is thin: see ThinDelta")
-        lv = await self._find(dc, validate.lv_name(request.name))
-        base = await self._find(dc, validate.lv_name(request.base, "base"))
+        lv, base = await self._find(dc, validate.lv_name(request.name),
+                                    validate.lv_name(request.base, "base"))  # fmt: skip
         snapshots = [x for x in (lv, base) if x.origin]
         if (lv.origin or lv.name) != (base.origin or base.name) or not snapshots:
             raise status.FailedPrecondition(
@@ -262,6 +258,15 @@ class VolumeDataService:
         except LvmError as e:
             log.warning("could not release the metadata snapshot",
                         extra={"pool": tpool, "stderr": e.stderr})  # fmt: skip
+
+
+def _pick(report: Report, dc: DeviceClass, *names: str) -> list[LvRecord]:
+    """The LVs ``names`` of ``dc`` in ``report``; NOT_FOUND names the first one missing."""
+    lvs = {lv.name: lv for lv in find_pool(report, dc).lvs(report)}
+    for name in names:
+        if name not in lvs:
+            raise status.NotFound(f"logical volume {name} is not found in device class {dc.name}")
+    return [lvs[name] for name in names]
 
 
 def _cow_table(path: str) -> tuple[int, set[int]]:
