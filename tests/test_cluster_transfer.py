@@ -57,6 +57,9 @@ from topolvm.k8s.moveobject import MovePhase, VolumeMoveObject
 pytestmark = pytest.mark.cluster
 
 
+MOVE_STEPS = MovePhase.ORDER[1:-1]  # PreCopy ... Starting: between Pending and Succeeded
+
+
 def _pool(node: UmlNode) -> None:
     node.lvm("lvcreate", "-T", "vg1/pool0", "-L", "3g")
 
@@ -290,10 +293,8 @@ async def test_a_move_survives_crashes_at_every_step(abc: Scenario, driver: Driv
                 n.respawn("topolvm-node")
             driver.restart_after_crash()
 
-        steps = (MovePhase.PRE_COPY, MovePhase.STOPPING, MovePhase.FINAL_COPY,
-                 MovePhase.SWAPPING, MovePhase.STARTING)  # fmt: skip
         await start_move(s.client, w.claim, w.target)
-        acted = await at_phases(s.client, w.claim, dict.fromkeys(steps, kill_all))
+        acted = await at_phases(s.client, w.claim, dict.fromkeys(MOVE_STEPS, kill_all))
         vm = await move_done(s.client, w.claim)
         assert vm.status.phase == MovePhase.SUCCEEDED, (acted, vm.status)
         assert len(acted) >= 4, acted  # the steps seen (one may pass between two polls)
@@ -316,11 +317,9 @@ async def test_a_move_survives_a_power_cut_of_its_target_at_every_step(abc: Scen
 
             return cut
 
-        steps = (MovePhase.PRE_COPY, MovePhase.STOPPING, MovePhase.FINAL_COPY,
-                 MovePhase.SWAPPING, MovePhase.STARTING)  # fmt: skip
         await start_move(s.client, w.claim, w.target)
         try:
-            await at_phases(s.client, w.claim, {p: cut_power(p) for p in steps}, timeout=600)
+            await at_phases(s.client, w.claim, {p: cut_power(p) for p in MOVE_STEPS}, timeout=600)
         except AssertionError as e:  # what the rebooted node's kubelet says of the pod
             described = s.cp.kubectl("describe", "pod", w.pod, "-n", NS, check=False)
             kubelet = target.daemon("kubelet", lines=15)

@@ -69,6 +69,15 @@ def _ranges(msg: vd.ThinMappingsResponse) -> list[tuple[int, int]]:
     return list(zip(msg.offsets, msg.lengths, strict=True))
 
 
+async def _flat(
+    stream: AsyncIterator[vd.ThinMappingsResponse],
+) -> AsyncIterator[tuple[int, int]]:
+    """The byte ranges of a VolumeData stream's messages, in order."""
+    async for msg in stream:
+        for r in _ranges(msg):
+            yield r
+
+
 class SocketLvmd:
     """lvmd reached over ``unix:<socket>`` (the chart's DaemonSet or a systemd unit). After lvmd
     restarts, the next call connects again at once (grpcio's backoff once left every call
@@ -134,9 +143,8 @@ class SocketLvmd:
     async def _range_stream(self, method: str, req: Any) -> AsyncIterator[tuple[int, int]]:
         """The byte ranges a VolumeData stream of ``method`` sends, as they come."""
         try:
-            async for msg in self._client.stream(_DATA, method, req):
-                for r in _ranges(msg):
-                    yield r
+            async for r in _flat(self._client.stream(_DATA, method, req)):
+                yield r
         except GRPCError as e:
             raise _from_rpc_error(e) from None
 
@@ -225,25 +233,22 @@ class EmbeddedLvmd:
 
     async def thin_mappings(self, name: str, device_class: str) -> AsyncIterator[tuple[int, int]]:
         req = vd.ThinMappingsRequest(name=name, device_class=device_class)
-        async for msg in self._server.data.ThinMappings(req, self._ctx):
-            for r in _ranges(msg):
-                yield r
+        async for r in _flat(self._server.data.ThinMappings(req, self._ctx)):
+            yield r
 
     async def thin_delta(
         self, name: str, base: str, device_class: str
     ) -> AsyncIterator[tuple[int, int]]:
         req = vd.ThinDeltaRequest(name=name, base=base, device_class=device_class)
-        async for msg in self._server.data.ThinDelta(req, self._ctx):
-            for r in _ranges(msg):
-                yield r
+        async for r in _flat(self._server.data.ThinDelta(req, self._ctx)):
+            yield r
 
     async def cow_delta(
         self, name: str, base: str, device_class: str
     ) -> AsyncIterator[tuple[int, int]]:
         req = vd.CowDeltaRequest(name=name, base=base, device_class=device_class)
-        async for msg in self._server.data.CowDelta(req, self._ctx):
-            for r in _ranges(msg):
-                yield r
+        async for r in _flat(self._server.data.CowDelta(req, self._ctx)):
+            yield r
 
     async def check_health(self) -> None:
         return None  # in-process: lvmd is up as long as this process is
