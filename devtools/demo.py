@@ -31,14 +31,23 @@ from dataclasses import dataclass, field
 
 from devtools import uml
 from devtools.demo_bed import WORK, tools
-from devtools.demo_data import VolumeSteps
+from devtools.demo_data import VolumeSteps, claim_sizes, free_ssd
+from devtools.demo_plan import (
+    NODE_VG_GIB,
+    PLACEMENT_ENV,
+    PODS,
+    RESIZED,
+    RESIZED_TO,
+    check_placement,
+    check_resize,
+    parse_placement,
+    replica_claims,
+)
 from devtools.demo_steps import (
     CAPACITY_COLUMNS,
     CLAIMS,
     NODE_SELECTOR,
-    NODE_VG_GIB,
     NS,
-    PODS,
     RELEASE,
     RELEASE_NS,
     VALUES,
@@ -55,6 +64,7 @@ from devtools.demo_steps import (
     kubectl,
     nothing_left,
     placed,
+    placed_claims,
     restarts,
     say,
     show_yaml,
@@ -113,7 +123,16 @@ class Demo(VolumeSteps):
     def place_vault(self) -> None:
         cp = self.kube
         kubectl(cp, "get", "csistoragecapacities", "-n", RELEASE_NS, "-o", CAPACITY_COLUMNS)
-        free = {n: int(c["ssd"]) for n, c in capacity_annotations(cp).items()}
+        free = free_ssd(cp)
+        forced = os.environ.get(PLACEMENT_ENV, "").strip()
+        if forced:
+            want = parse_placement(forced, free)
+            check_placement(want, {p: replica_claims(p) for p in PODS}, free)
+            say(f"  {PLACEMENT_ENV}={forced}: the replicas' claims are made first, each with "
+                "its node in volume.kubernetes.io/selected-node (as kube-scheduler writes "
+                "it); csi-provisioner creates them there and the replicas follow their "
+                "claims")  # fmt: skip
+            cp.apply(*placed_claims(want))
         say("  vault.yaml:")
         show_yaml(vault_statefulset())
         say("  $ kubectl apply -f vault.yaml")
@@ -121,6 +140,8 @@ class Demo(VolumeSteps):
         self.placement = until("the 3 vault pods scheduled and their 6 claims Bound",
                                lambda: placed(cp, PODS, CLAIMS), 300,
                                lambda: claim_state(cp) + "\n" + self.logs())  # fmt: skip
+        if forced and self.placement != want:
+            raise DemoError(f"{PLACEMENT_ENV} asked for {want}; the replicas run {self.placement}")
         kubectl(cp, "get", "events", "-n", NS, "--field-selector=reason=Scheduled",
                 "-o", "custom-columns=KUBE-SCHEDULER:.message")  # fmt: skip
         say("  why: kube-scheduler keeps a node only if each claim fits its CSIStorageCapacity "
@@ -177,9 +198,11 @@ class Demo(VolumeSteps):
     # --- 5 ------------------------------------------------------------------------------
 
     def resize(self) -> None:
-        cp, pvc = self.kube, "data-vault-0"
-        before = in_pod(cp, "vault-0", "df -h /vault/data").split()[-5]  # size
-        patch = json.dumps({"spec": {"resources": {"requests": {"storage": "12Gi"}}}})
+        cp, pvc, pod = self.kube, RESIZED, RESIZED.removeprefix("data-")
+        check_resize(self.placement, claim_sizes(cp), free_ssd(cp))
+        before = in_pod(cp, pod, "df -h /vault/data").split()[-5]  # size
+        size = f"{RESIZED_TO // GiB}Gi"
+        patch = json.dumps({"spec": {"resources": {"requests": {"storage": size}}}})
         kubectl(cp, "patch", "pvc", pvc, "--type=merge", "-p", patch)
         until(f"{pvc} expanded (ControllerExpandVolume, then the kubelet's NodeExpandVolume)",
               lambda: expanded(cp, pvc), 180,
@@ -192,10 +215,10 @@ class Demo(VolumeSteps):
                 "--sort-by=.lastTimestamp",
                 "-o", "custom-columns=REASON:.reason,FROM:.source.component,"
                 "MESSAGE:.message")  # fmt: skip
-        after = in_pod(cp, "vault-0", "df -h /vault/data").split()[-5]
+        after = in_pod(cp, pod, "df -h /vault/data").split()[-5]
         if after == before:
-            raise DemoError(f"df in vault-0 did not grow: {before} before, {after} after")
-        in_pod(cp, "vault-0", SECRET)
+            raise DemoError(f"df in {pod} did not grow: {before} before, {after} after")
+        in_pod(cp, pod, SECRET)
         say("  the same container, still running, sees the larger filesystem; the secret is "
             "still there")  # fmt: skip
         kubectl(cp, "get", "pvc", pvc)

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devtools import gobuild, helm, nodeimages
+from devtools.demo_plan import NODE_VG_GIB, THIN_POOL_GIB
 from devtools.demo_steps import (
-    NODE_VG_GIB,
     RELEASE,
     RELEASE_NS,
-    THIN_POOL_GIB,
     indent,
     kubectl,
     say,

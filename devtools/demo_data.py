@@ -11,19 +11,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from devtools.demo_bed import DemoBed
+from devtools.demo_plan import NEW_NODE, PODS, SEEDED, THIN_POOL_GIB, plan_move, plan_seed
 from devtools.demo_steps import (
     COPY_COLUMNS,
     NS,
     SC,
     SC_THIN,
-    THIN_POOL_GIB,
     DemoError,
     capacity_annotations,
     claim,
     claim_state,
     get_json,
+    gib,
     in_pod,
     indent,
+    items,
     kubectl,
     pod,
     ready_pod,
@@ -34,17 +36,38 @@ from devtools.demo_steps import (
     snapshot_volume,
     until,
 )
+from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.umlnode import GiB
+from topolvm.k8s.lvobject import parse_quantity
 
 LVS = ("lvs", "-o", "lv_name,lv_size,lv_attr,pool_lv,origin,data_percent", "vg1")
 AUDIT_LOG = "/vault/audit/audit.log"
 SECRET_FILE = "/vault/data/secret.txt"
-NEW_NODE, NEW_NODE_VG_GIB = "uml-4", 20  # room for one replica (15 GiB) with the thin pool
 MOVE_COLUMNS = (
     "custom-columns=NAME:.metadata.name,PHASE:.status.phase,FROM:.status.sourceNode,"
     "TO:.status.targetNode,PRE-COPIED:.status.preCopyBytes,FINAL:.status.deltaBytes,"
     "DOWNTIME:.status.downtimeSeconds"
 )
+
+
+def free_ssd(cp: ControlPlane) -> dict[str, int]:
+    """node -> free bytes in ssd, as its capacity annotation says now."""
+    return {n: int(c["ssd"]) for n, c in capacity_annotations(cp).items() if c.get("ssd")}
+
+
+def claim_sizes(cp: ControlPlane) -> dict[str, dict[str, int]]:
+    """replica -> its claims -> their sizes now (status.capacity: after a resize, the new one)."""
+    found = {c["metadata"]["name"]: c for c in items(cp, "pvc", "-n", NS)}
+    out: dict[str, dict[str, int]] = {}
+    for replica in PODS:
+        for kind in ("data", "audit"):
+            obj = found.get(f"{kind}-{replica}") or {}
+            size = ((obj.get("status") or {}).get("capacity") or {}).get("storage") or (
+                obj.get("spec", {}).get("resources", {}).get("requests", {}).get("storage")
+            )
+            if size:
+                out.setdefault(replica, {})[f"{kind}-{replica}"] = parse_quantity(size)
+    return out
 
 
 def show_documents(objs: list[dict[str, Any]]) -> None:
@@ -124,7 +147,8 @@ class VolumeSteps(DemoBed):
         is stopped and its data claim deleted first: a thick volume is read through a COW cut
         as large as itself, which needs that much free space on its node (docs/mobility.md),
         and the demo's VG sizes leave no node holding replicas that much room."""
-        cp, src = self.kube, self.placement["vault-2"]
+        cp, src = self.kube, self.placement[SEEDED]
+        seed = plan_seed(self.placement, claim_sizes(cp), free_ssd(cp))
         before = in_pod(cp, "vault-2", f"sync; cat {AUDIT_LOG}").strip()
         old = {c: cp.kubectl("get", "pvc", c, "-n", NS, "-o", "jsonpath={.spec.volumeName}")
                for c in ("data-vault-2", "audit-vault-2")}  # fmt: skip
@@ -150,6 +174,8 @@ class VolumeSteps(DemoBed):
         lv = snapshot_volume(cp, "audit-snap")
         kubectl(cp, "get", "logicalvolumes.topolvm.io", lv["metadata"]["name"], "-o", COPY_COLUMNS)
         kept = lv["spec"]["nodeName"]
+        if kept != seed.keeper:
+            say(f"  (the demo expected {seed.keeper}, the other node with the most room then)")
         if kept == src or (lv.get("status", {}).get("copy") or {}).get("phase") != "Done":
             raise DemoError(f"audit-snap's LogicalVolume: node {kept}, source's node {src}, "
                             f"copy {lv.get('status', {}).get('copy')}")  # fmt: skip
@@ -166,6 +192,8 @@ class VolumeSteps(DemoBed):
         show_yaml(seeded)
         cp.apply(seeded)
         kubectl(cp, "scale", "statefulset", "vault", "--replicas=3")
+        say(f"  its claims fit on {' or '.join(seed.returns_to)} only: kube-scheduler puts it "
+            "there")  # fmt: skip
         node = self.wait_ready("vault-2", timeout=420)["spec"]["nodeName"]
         self.placement["vault-2"] = node
         self.show_copy("audit-vault-2")
@@ -180,19 +208,20 @@ class VolumeSteps(DemoBed):
     # --- 8 ------------------------------------------------------------------------------
 
     def move(self) -> None:
-        """A new node joins; ``topolvm move`` moves the replica that is alone on its node there,
-        its data and audit claims together, while it runs."""
+        """A new node joins; ``topolvm move`` moves a replica there, its data and audit claims
+        together, while it runs: the replica whose node has the most room for the move's cuts
+        (which one depends on kube-scheduler's placement), the new node sized for its claims."""
         cp = self.kube
-        alone = [p for p, n in sorted(self.placement.items())
-                 if list(self.placement.values()).count(n) == 1]  # fmt: skip
-        if not alone:
-            raise DemoError(f"no replica is alone on its node: {self.placement}")
-        name, src = alone[0], self.placement[alone[0]]
-        say(f"  a new node joins: {NEW_NODE}, VG vg1 of {NEW_NODE_VG_GIB} GiB (room for one "
-            f"replica); topolvm-node starts there (DaemonSet)")  # fmt: skip
+        plan = plan_move(self.placement, claim_sizes(cp), free_ssd(cp))
+        name, src = plan.pod, plan.source
+        say(f"  {name} moves: {src} has the most room for the move's cuts of its claims "
+            f"({gib(plan.need)} in all); the new node is sized for them")  # fmt: skip
+        say(f"  a new node joins: {NEW_NODE}, VG vg1 of {plan.vg_gib} GiB (the replica's "
+            "claims, the thin pool, the spare, LVM's metadata); topolvm-node starts there "
+            "(DaemonSet)")  # fmt: skip
         index = len(self.nodes) + 1
-        node = self.start_node(NEW_NODE, index, NEW_NODE_VG_GIB, kubelet=True,
-                               disks=(NEW_NODE_VG_GIB * GiB,), driver_images=True)  # fmt: skip
+        node = self.start_node(NEW_NODE, index, plan.vg_gib, kubelet=True,
+                               disks=(plan.vg_gib * GiB,), driver_images=True)  # fmt: skip
         node.lvm("lvcreate", "-T", "vg1/pool0", "-L", f"{THIN_POOL_GIB}g")
         assert self.release is not None
         self.release.wait_running(1 + len(self.nodes), timeout=300)
@@ -201,7 +230,7 @@ class VolumeSteps(DemoBed):
               self.logs)  # fmt: skip
         before = in_pod(cp, name, f"cat {SECRET_FILE} {AUDIT_LOG}").strip()
         old_uid = get_json(cp, "pod", name, "-n", NS)["metadata"]["uid"]
-        claims = [f"data-{name}", f"audit-{name}"]
+        claims = list(plan.claims)
         self.topolvm("move", "-n", NS, f"pvc/{claims[0]}", f"--to={NEW_NODE}", "--dry-run")
         say(f"  {name} writes its audit log while its claims are pre-copied; it stops only for "
             "the final copy of what changed")  # fmt: skip

@@ -13,24 +13,24 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
 from devtools import buildcache, nodeimages
+from devtools.demo_plan import CLAIM_SIZES, PODS, REPLICAS, SPARE_GIB, replica_claims
 from devtools.testbed.controlplane import ControlPlane
 
 GiB = 1 << 30
 NS = "default"
 RELEASE, RELEASE_NS = "topolvm", "topolvm-system"
-# VG sizes: uml-1 is too small for a 10Gi claim (kube-scheduler must skip it), uml-2 has room for
-# one replica (15 GiB), uml-3 for two; after its replicas neither node has room for another
-# claim, so a replica can never get one claim on a node and miss the other.
-NODE_VG_GIB = {"uml-1": 12, "uml-2": 22, "uml-3": 36}
-THIN_POOL_GIB = 2
-SSD = {"name": "ssd", "volume-group": "vg1", "default": True, "spare-gb": 1}
+# VG sizes (NODE_VG_GIB): uml-1 is too small for a 10Gi claim (kube-scheduler must skip it),
+# uml-2 has room for one replica (15 GiB), uml-3 for two; after its replicas neither node has
+# room for another claim, so a replica can never get one claim on a node and miss the other.
+# Which replica lands alone on uml-2 is kube-scheduler's choice (devtools/demo_plan.py).
+SSD = {"name": "ssd", "volume-group": "vg1", "default": True, "spare-gb": SPARE_GIB}
 THIN = {"name": "thin", "volume-group": "vg1", "type": "thin", "spare-gb": 0,
         "thin-pool": {"name": "pool0", "overprovision-ratio": 5.0}}  # fmt: skip
 SC, SC_THIN = "topolvm-provisioner", "topolvm-thin"
@@ -55,9 +55,7 @@ VALUES: dict[str, Any] = {
     ],
 }  # fmt: skip
 NODE_SELECTOR = {"kubernetes.io/os": "linux"}  # every node of the demo: the kubelet sets it
-REPLICAS = 3
-PODS = [f"vault-{i}" for i in range(REPLICAS)]
-CLAIMS = [f"{t}-{p}" for p in PODS for t in ("data", "audit")]
+CLAIMS = [c for p in PODS for c in replica_claims(p)]
 COPY_COLUMNS = (
     "custom-columns=LOGICALVOLUME:.metadata.name,NODE:.spec.nodeName,SIZE:.status.currentSize,"
     "COPY:.status.copy.phase,FROM:.status.copy.sourceNode,MOVED:.status.copy.transferredBytes"
@@ -191,6 +189,23 @@ def claim_template(name: str, size: str) -> dict[str, Any]:
                      "resources": {"requests": {"storage": size}}}}  # fmt: skip
 
 
+def placed_claims(placement: dict[str, str]) -> list[dict[str, Any]]:
+    """The replicas' claims as the StatefulSet would make them, each with the node it is to be
+    on in ``volume.kubernetes.io/selected-node`` (what kube-scheduler writes when it picks a
+    node for a WaitForFirstConsumer claim): csi-provisioner creates the volume there, and
+    kube-scheduler then puts the replica where its claims are (TOPOLVM_DEMO_PLACEMENT)."""
+    out = []
+    for pod, node in placement.items():
+        for kind, size in CLAIM_SIZES:
+            obj = claim_template(f"{kind}-{pod}", f"{size // GiB}Gi")
+            obj["metadata"].update(
+                namespace=NS, labels={"app": "vault"},
+                annotations={"volume.kubernetes.io/selected-node": node},
+            )  # fmt: skip
+            out.append({"apiVersion": "v1", "kind": "PersistentVolumeClaim", **obj})
+    return out
+
+
 def vault_statefulset() -> dict[str, Any]:
     """The seed's Vault: 3 replicas, each with a 10Gi data and a 5Gi audit volume; a busybox
     container stands for Vault: it writes a secret once and an audit line at every start."""
@@ -203,8 +218,8 @@ def vault_statefulset() -> dict[str, Any]:
             "selector": {"matchLabels": {"app": "vault"}},
             "template": {"metadata": {"labels": {"app": "vault"}},
                          "spec": {"terminationGracePeriodSeconds": 1, "containers": [app]}},
-            "volumeClaimTemplates": [claim_template("data", "10Gi"),
-                                     claim_template("audit", "5Gi")],
+            "volumeClaimTemplates": [claim_template(kind, f"{size // GiB}Gi")
+                                     for kind, size in CLAIM_SIZES],
         },
     }  # fmt: skip
 
@@ -300,7 +315,7 @@ def capacities(cp: ControlPlane) -> dict[tuple[str, str], str]:
     return found
 
 
-def placed(cp: ControlPlane, pods: list[str], claims: list[str]) -> dict[str, str] | None:
+def placed(cp: ControlPlane, pods: Sequence[str], claims: Sequence[str]) -> dict[str, str] | None:
     """pod -> node once every pod of ``pods`` is scheduled and every claim is Bound."""
     nodes = {p["metadata"]["name"]: p["spec"].get("nodeName")
              for p in items(cp, "pods", "-n", NS)}  # fmt: skip

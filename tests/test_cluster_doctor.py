@@ -186,7 +186,7 @@ async def test_capacity_objects_missing_or_stale(
         objs.apply(capacity(1 * GiB))
         _, doc = await doctor(control_plane, "--stale-after=1ms")
         stale = one(doc, "capacity-objects", klass)
-        assert "stale" in stale["title"] and "says 1 GiB" in stale["evidence"][0]
+        assert "stale" in stale["title"] and "says 1.0 GiB" in stale["evidence"][0]
         _, doc = await doctor(control_plane)  # written just now: not stale yet
         assert about(doc, "capacity-objects", klass) == []
 
@@ -230,7 +230,7 @@ async def test_pvc_provisioning_failed_for_lack_of_room(
     [finding] = await eventually("the provisioning finding", reported, timeout=120)
     assert finding["title"] == f"PVC {ns}/big Pending: no room for the volume"
     assert "ResourceExhausted" in finding["evidence"][0]
-    assert f"node {node}: 1 GiB free in device class ssd" in finding["evidence"][1]
+    assert f"node {node}: 1.0 GiB free in device class ssd" in finding["evidence"][1]
     _, doc = await doctor(control_plane, "-n", ns)
     assert about(doc, "pvc-provisioning", "waiting") == []  # Pending, but nothing failed
 

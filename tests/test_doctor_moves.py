@@ -68,7 +68,7 @@ def test_a_claim_mid_move_shows_its_step_and_progress() -> None:
     assert f.severity is Severity.WARNING
     assert f.title == (
         "claim app/data is being moved from node w1 to node w2: step PreCopy (the data is "
-        "copied to the target while the pod runs), 30% (3 GiB of 10 GiB), 80 MiB/s"
+        "copied to the target while the pod runs), 30% (3.0 GiB of 10.0 GiB), 80.0 MiB/s"
     )
     assert f.cause == "copying pvc-data-old from node w1"
     assert f.fixes[0].summary.startswith("Nothing to fix")
@@ -104,7 +104,7 @@ def test_stuck_waiting_for_the_source_node() -> None:
         "to node w2)"  # fmt: skip
     assert f.cause.startswith("the copy onto node w2 waits for node w1: waiting: node w1's")
     assert f.cause.endswith("; the move says: pre-copy: waiting for the copy")
-    assert any("status.copy.phase=Pending, 30% (3 GiB of 10 GiB)" in e for e in f.evidence)
+    assert any("status.copy.phase=Pending, 30% (3.0 GiB of 10.0 GiB)" in e for e in f.evidence)
     assert f.fixes[0].summary.startswith("The move resumes when topolvm-node on w1")
     assert "delete it only after it rolled back" in f.fixes[-1].summary
 

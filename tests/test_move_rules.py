@@ -8,6 +8,7 @@ import pytest
 
 from topolvm.move import rules
 from topolvm.move.rules import Refused
+from topolvm.units import apart
 
 Obj = dict[str, Any]
 DRIVER = "topolvm.io"
@@ -174,6 +175,38 @@ def test_no_room_names_the_most_a_schedulable_node_has() -> None:
     assert e.message == (
         "no other schedulable node has 40.0 GiB free in ssd (the most is 30.0 GiB)"
     )
+
+
+def test_no_room_tells_close_figures_apart() -> None:
+    """The demo's refusal once read "has 17.0 GiB free ...; the volume needs 17.0 GiB": the
+    figures get the decimals that tell them apart, or their exact bytes."""
+    free = {"n1": 0, "n2": 17 * GIB - 300 * (1 << 20)}
+    e = refused(rules.target_node, "n1", 17 * GIB, free, {"n1", "n2"}, requested="n2")
+    assert e.message.endswith("has 16.7 GiB free in the default device class; the volume "
+                              "needs 17.0 GiB")  # fmt: skip
+    free["n2"] = 17 * GIB - 512
+    e = refused(rules.target_node, "n1", 17 * GIB, free, {"n1", "n2"}, requested="n2")
+    assert f"has 17.000 GiB ({17 * GIB - 512} bytes) free" in e.message
+    assert f"needs 17.000 GiB ({17 * GIB} bytes)" in e.message
+    e = refused(rules.target_node, "n1", 17 * GIB, free, {"n1", "n2"})
+    assert e.message == (
+        f"no other schedulable node has 17.000 GiB ({17 * GIB} bytes) free in the default "
+        f"device class (the most is 17.000 GiB ({17 * GIB - 512} bytes))"
+    )
+
+
+@pytest.mark.parametrize(
+    ("have", "need", "shown"),
+    [
+        (20 * GIB, 25 * GIB, ("20.0 GiB", "25.0 GiB")),
+        (5 * GIB, 5 * GIB, ("5.0 GiB", "5.0 GiB")),  # equal: no more digits than it takes
+        (GIB + 10 * (1 << 20), GIB + 20 * (1 << 20), ("1.01 GiB", "1.02 GiB")),
+        (300 << 20, 2 * GIB, ("0.3 GiB", "2.0 GiB")),  # one unit: the larger figure's
+        (20, 25, ("20 B", "25 B")),
+    ],
+)  # fmt: skip
+def test_apart(have: int, need: int, shown: tuple[str, str]) -> None:
+    assert apart(have, need) == shown
 
 
 def test_no_room_when_no_other_node_is_schedulable() -> None:

@@ -63,7 +63,7 @@ def test_marker_without_extender_names_the_seed_and_both_fixes() -> None:
     )
     assert f.severity == Severity.ERROR and f.title.startswith("3 pod(s) in vault Pending")
     assert "pod vault/vault-0: FailedScheduling (x3): " + INSUFFICIENT in f.evidence
-    assert "node worker-1 has free space: ssd 240 GiB" in f.evidence
+    assert "node worker-1 has free space: ssd 240.0 GiB" in f.evidence
     assert "no Node advertises topolvm.io/capacity in status.allocatable" in f.evidence
     assert "no topolvm-scheduler pod runs in the cluster" in f.evidence
     sct, extender = f.fixes
@@ -143,7 +143,7 @@ def test_capacity_objects_missing_or_stale() -> None:
     [f] = run("capacity-objects", s.snapshot(*base))
     assert f.severity == Severity.ERROR and "no CSIStorageCapacity for 1 node(s)" in f.title
     [f] = run("capacity-objects", s.snapshot(*base, s.capacity("topolvm-provisioner", "w1", GiB)))
-    assert "stale" in f.title and "says 1 GiB for node w1" in f.evidence[0]
+    assert "stale" in f.title and "says 1.0 GiB for node w1" in f.evidence[0]
     fresh = s.capacity("topolvm-provisioner", "w1", GiB, written="2026-11-24T11:59:00Z")
     assert run("capacity-objects", s.snapshot(*base, fresh)) == []  # not refreshed yet: fine
     good = s.capacity("topolvm-provisioner", "w1", 100 * GiB)
@@ -186,7 +186,8 @@ def test_pvc_provisioning_failures_name_the_node_and_its_free_bytes() -> None:
     big, odd = run("pvc-provisioning", snap)
     assert big.title == "PVC app/big Pending: no room for the volume"
     assert (
-        "selected node w1: 3 GiB free in device class ssd; the PVC requests 10 GiB" in big.evidence
+        "selected node w1: 3.0 GiB free in device class ssd; the PVC requests 10.0 GiB"
+        in big.evidence
     )
     assert odd.title == "PVC app/odd Pending: device class ssd not found on the node"
 
@@ -394,7 +395,7 @@ def test_a_claim_waiting_on_a_copy_shows_its_progress_or_names_the_unreachable_n
     assert set(findings) == {"PVC app/copying", "PVC app/stuck", "PVC app/failed"}
     progress = findings["PVC app/copying"]
     assert progress.severity is Severity.WARNING
-    assert progress.title.endswith("30% (3 GiB of 10 GiB, 80 MiB/s)")
+    assert progress.title.endswith("30% (3.0 GiB of 10.0 GiB, 80.0 MiB/s)")
     stuck = findings["PVC app/stuck"]
     assert stuck.title == "PVC app/stuck Pending: its copy waits for node w1"
     assert "Connection refused" in stuck.cause

@@ -134,13 +134,6 @@ def quantity_bytes(value: object) -> int | None:
         return None
 
 
-def human_bytes(n: int) -> str:
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.4g} {unit}"
-    return f"{n} B"
-
-
 @dataclass(frozen=True)
 class Settings:
     """Thresholds (``topolvm doctor`` flags)."""

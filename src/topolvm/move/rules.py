@@ -11,7 +11,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from topolvm.units import human
+from topolvm.units import apart, human
 
 Obj = dict[str, Any]
 SHARED_MODES = frozenset({"ReadWriteMany", "ReadOnlyMany"})
@@ -179,9 +179,9 @@ def target_node(
         if requested not in ok:
             raise Refused("Unschedulable", f"node {requested} is cordoned or not ready")
         if free[requested] < size:
+            has, needs = apart(free[requested], size)
             raise Refused(
-                "NoRoom", f"node {requested} has {human(free[requested])} free in {dc}; the "
-                f"volume needs {human(size)}"
+                "NoRoom", f"node {requested} has {has} free in {dc}; the volume needs {needs}"
             )  # fmt: skip
         return requested
     fits = [(n, b) for n, b in free.items() if n != source and n in ok and b >= size]
@@ -191,9 +191,9 @@ def target_node(
             raise Refused(
                 "NoRoom", f"no other schedulable (uncordoned, Ready) node runs TopoLVM for {dc}"
             )
+        most, needs = apart(max(others), size)
         raise Refused(
-            "NoRoom", f"no other schedulable node has {human(size)} free in {dc} (the most "
-            f"is {human(max(others))})"
+            "NoRoom", f"no other schedulable node has {needs} free in {dc} (the most is {most})"
         )  # fmt: skip
     return min(fits, key=lambda nb: (-nb[1], nb[0]))[0]
 

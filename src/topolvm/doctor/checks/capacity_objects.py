@@ -11,13 +11,13 @@ from topolvm.doctor.snapshot import (
     Obj,
     Snapshot,
     human_age,
-    human_bytes,
     last_write,
     meta,
     name_of,
     ns_of,
     quantity_bytes,
 )
+from topolvm.units import human
 
 ID = "capacity-objects"
 GiB = 1 << 30
@@ -83,8 +83,8 @@ def run(snap: Snapshot) -> list[Finding]:
                 and (changed is None or changed >= snap.settings.stale_after)
             ):
                 stale.append(
-                    f"CSIStorageCapacity {ns_of(found)}/{name_of(found)} says {human_bytes(value)} "
-                    f"for node {name_of(node)}, whose annotation says {human_bytes(free)}; "
+                    f"CSIStorageCapacity {ns_of(found)}/{name_of(found)} says {human(value)} "
+                    f"for node {name_of(node)}, whose annotation says {human(free)}; "
                     f"last written {human_age(age) if age else '?'} ago"
                 )
         fix = Fix(

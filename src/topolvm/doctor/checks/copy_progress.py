@@ -12,11 +12,11 @@ from topolvm.doctor.snapshot import (
     Obj,
     Snapshot,
     annotations_of,
-    human_bytes,
     name_of,
     ns_of,
     uid_of,
 )
+from topolvm.units import human
 
 ID = "copy-progress"
 
@@ -42,8 +42,8 @@ def _progress(copy: Obj) -> str:
     if not total:
         return "not started"
     rate = int(copy.get("bytesPerSecond") or 0)
-    speed = f", {human_bytes(rate)}/s" if rate else ""
-    return f"{done * 100 // total}% ({human_bytes(done)} of {human_bytes(total)}{speed})"
+    speed = f", {human(rate)}/s" if rate else ""
+    return f"{done * 100 // total}% ({human(done)} of {human(total)}{speed})"
 
 
 def run(snap: Snapshot) -> list[Finding]:

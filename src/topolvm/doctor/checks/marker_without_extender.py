@@ -10,7 +10,6 @@ from topolvm.doctor.snapshot import (
     Obj,
     Snapshot,
     event_line,
-    human_bytes,
     marker_of,
     name_of,
     names_for,
@@ -21,6 +20,7 @@ from topolvm.doctor.snapshot import (
     uid_of,
     unscheduled,
 )
+from topolvm.units import human
 
 ID = "marker-without-extender"
 
@@ -80,7 +80,7 @@ def capacity_evidence(snap: Snapshot, marker: str) -> list[str]:
     for n in snap["nodes"][:200]:
         free = {dc: b for dc, b in snap.node_capacities(n, names).items() if b}
         if free:
-            classes = ", ".join(f"{dc} {human_bytes(b)}" for dc, b in sorted(free.items()))
+            classes = ", ".join(f"{dc} {human(b)}" for dc, b in sorted(free.items()))
             out.append(f"node {name_of(n)} has free space: {classes}")
             if len(out) >= 4:
                 break

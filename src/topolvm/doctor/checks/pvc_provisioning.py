@@ -12,12 +12,12 @@ from topolvm.doctor.snapshot import (
     Snapshot,
     annotations_of,
     event_line,
-    human_bytes,
     name_of,
     ns_of,
     quantity_bytes,
     uid_of,
 )
+from topolvm.units import apart, human
 
 ID = "pvc-provisioning"
 SELECTED_NODE = "volume.kubernetes.io/selected-node"
@@ -50,10 +50,10 @@ def run(snap: Snapshot) -> list[Finding]:
         node_obj = snap.get("nodes", node) if node else None
         if node_obj is not None:
             free = snap.node_free(node_obj, names, dc)
+            has, needs = apart(free, want or 0) if free is not None else ("no", human(want or 0))
             evidence.append(
-                f"selected node {node}: {human_bytes(free) if free is not None else 'no'} free "
-                f"in device class {dc or '(default)'}; the PVC requests "
-                f"{human_bytes(want or 0)}"
+                f"selected node {node}: {has} free in device class {dc or '(default)'}; the PVC "
+                f"requests {needs}"
             )
         subject = (Ref("PersistentVolumeClaim", name_of(pvc), ns_of(pvc)),)
         if "ResourceExhausted" in message:

@@ -18,13 +18,13 @@ from topolvm.doctor.snapshot import (
     container_of,
     event_line,
     human_age,
-    human_bytes,
     last_write,
     meta,
     scheduling_message,
     uid_of,
 )
 from topolvm.k8s.moveobject import MovePhase, MoveStatus, VolumeMoveObject
+from topolvm.units import human
 
 ID = "volume-move"
 CONTROLLER_CONTAINER = "topolvm-controller"
@@ -79,7 +79,7 @@ def _since(move: VolumeMoveObject, obj: Obj) -> str:
 def _percent(done: int, total: int) -> str:
     if not total:
         return ""
-    return f"{done * 100 // total}% ({human_bytes(done)} of {human_bytes(total)})"
+    return f"{done * 100 // total}% ({human(done)} of {human(total)})"
 
 
 def _progress(snap: Snapshot, st: MoveStatus, copy: Obj) -> str:
@@ -88,7 +88,7 @@ def _progress(snap: Snapshot, st: MoveStatus, copy: Obj) -> str:
         total = st.total_bytes or int(copy.get("totalBytes") or 0)
         rate = int(copy.get("bytesPerSecond") or 0)
         text = _percent(done, total) or "not started"
-        return text + (f", {human_bytes(rate)}/s" if rate else "")
+        return text + (f", {human(rate)}/s" if rate else "")
     if st.phase in MovePhase.DOWN:
         down = snap.age(st.stop_time)
         return f"the pod down for {human_age(down)}" if down is not None else "the pod down"
@@ -265,7 +265,7 @@ def _one(snap: Snapshot, obj: Obj, names: Names, lv_kind: str) -> Finding | None
         evidence.append(
             f"LogicalVolume {st.target_volume} on node {target or '?'}: status.copy.phase="
             f"{copy.get('phase', 'Pending')}, {done or 'not started'}, "
-            f"{human_bytes(int(copy.get('bytesPerSecond') or 0))}/s, "
+            f"{human(int(copy.get('bytesPerSecond') or 0))}/s, "
             f"message: {copy.get('message') or '(none)'}"
         )  # fmt: skip
     why = _explain(snap, move, names, copy, lv, pod, evidence)
