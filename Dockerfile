@@ -3,7 +3,7 @@
 #
 # `make image` (devtools/image.py) builds the same image without a Docker daemon, reproducibly,
 # from Debian's packages and PyPI; see docs/image.md. Keep the two in step: the runtime
-# packages below are devtools/image.py's DEBIAN_PACKAGES, the Python pins come from that file,
+# packages below are devtools/image_recipe.py's DEBIAN_PACKAGES, the Python pins come from that file,
 # and tests/test_image.py checks that the lists, paths and entrypoint agree.
 ARG DEBIAN_IMAGE=debian:bookworm-slim
 
@@ -14,10 +14,10 @@ RUN apt-get update \
 WORKDIR /src
 COPY pyproject.toml hatch_build.py README.md ./
 COPY src ./src
-COPY devtools/image.py ./devtools/image.py
+COPY devtools/image_recipe.py ./devtools/image_recipe.py
 # The pinned runtime dependencies, then this project, its wheel built with pinned tools too.
-RUN python3 devtools/image.py --requirements > /tmp/requirements.txt \
- && python3 devtools/image.py --build-constraints > /tmp/build-constraints.txt \
+RUN python3 devtools/image_recipe.py --requirements > /tmp/requirements.txt \
+ && python3 devtools/image_recipe.py --build-constraints > /tmp/build-constraints.txt \
  && python3 -m venv /opt/topolvm \
  && PIP_CONSTRAINT=/tmp/build-constraints.txt \
     /opt/topolvm/bin/pip install --no-cache-dir --disable-pip-version-check --no-deps \
@@ -26,7 +26,7 @@ RUN python3 devtools/image.py --requirements > /tmp/requirements.txt \
  && /opt/topolvm/bin/pip uninstall -y -q pip setuptools
 
 FROM ${DEBIAN_IMAGE}
-# devtools/image.py DEBIAN_PACKAGES
+# devtools/image_recipe.py DEBIAN_PACKAGES
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       python3 \

@@ -14,7 +14,19 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from devtools.buildcache import cached_build
-from devtools.image import (
+from devtools.image_base import Base
+from devtools.image_common import (
+    CACHE,
+    ImageError,
+    chroot_command,
+    chroot_env,
+    file_sha256,
+    git,
+    run,
+    sha256,
+    step,
+)
+from devtools.image_recipe import (
     ARCHES,
     BUILD_CONSTRAINTS,
     COMMAND_LINKS,
@@ -27,18 +39,6 @@ from devtools.image import (
     SOURCES,
     VENV,
     requirements,
-)
-from devtools.image_base import Base
-from devtools.image_common import (
-    CACHE,
-    ImageError,
-    chroot_command,
-    chroot_env,
-    file_sha256,
-    git,
-    run,
-    sha256,
-    step,
 )
 
 

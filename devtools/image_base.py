@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devtools.buildcache import cached_build
-from devtools.image import APT_SOURCES, DEBIAN_PACKAGES, DPKG_OPTIONS, SUITE
 from devtools.image_common import CACHE, run, sha256, step
+from devtools.image_recipe import APT_SOURCES, DEBIAN_PACKAGES, DPKG_OPTIONS, SUITE
 
 
 @dataclass

@@ -15,17 +15,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from devtools.buildcache import locked, say
-from devtools.image import (
-    DEBIAN_PACKAGES,
-    OUT,
-    PIP,
-    PYTHON_REQUIREMENTS,
-    REPO,
-    SUITE,
-    VENV,
-    project_version,
-    requirements,
-)
 from devtools.image_app import build_app_layer, build_wheel, source_files, sources_hash, wheelhouse
 from devtools.image_base import build_base
 from devtools.image_common import (
@@ -41,6 +30,17 @@ from devtools.image_common import (
     step,
 )
 from devtools.image_oci import assemble, manifest_of, python_packages, rootfs_bytes, umoci
+from devtools.image_recipe import (
+    DEBIAN_PACKAGES,
+    OUT,
+    PIP,
+    PYTHON_REQUIREMENTS,
+    REPO,
+    SUITE,
+    VENV,
+    project_version,
+    requirements,
+)
 
 
 @dataclass

@@ -1,6 +1,7 @@
-"""What the image's build steps share (devtools/image.py has the recipe and the command line):
-the cache folder, running commands, hashes, git (the revision and ``SOURCE_DATE_EPOCH``), the
-host's tools and architecture, and a chroot of an unpacked root with /dev, /proc and /sys."""
+"""What the image's build steps share (devtools/image_recipe.py has the recipe, image.py the
+command line): the cache folder, running commands, hashes, git (the revision and
+``SOURCE_DATE_EPOCH``), the host's tools and architecture, and a chroot of an unpacked root with
+/dev, /proc and /sys."""
 
 from __future__ import annotations
 
@@ -17,12 +18,12 @@ from pathlib import Path
 
 from devtools.buildcache import say
 from devtools.cachedir import cache_dir
-from devtools.image import ARCHES, HOST_TOOLS, PATH, REPO, SOURCES
+from devtools.image_recipe import ARCHES, HOST_TOOLS, PATH, REPO, SOURCES
 
 CACHE = cache_dir("image", "TOPOLVM_IMAGE_CACHE")
 
-# The recipe: devtools/image.py and the build's modules devtools/image_*.py (their bytes are in
-# the image's key; their last commit dates the Debian layer).
+# The recipe: devtools/image_recipe.py, image.py and the build's modules devtools/image_*.py
+# (their bytes are in the image's key; their last commit dates the Debian layer).
 RECIPE = tuple(sorted(p.relative_to(REPO).as_posix() for p in REPO.glob("devtools/image*.py")))
 
 

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from devtools.image import ENTRYPOINT, PATH
 from devtools.image_common import ImageError, run
+from devtools.image_recipe import ENTRYPOINT, PATH
 
 
 def umoci(*args: str) -> str:

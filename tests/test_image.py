@@ -20,7 +20,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from devtools import image, image_app, image_build, image_common, image_oci, uml
+from devtools import image_app, image_build, image_common, image_oci, uml
+from devtools import image_recipe as recipe
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "Dockerfile"
@@ -37,21 +38,21 @@ def test_dockerfile_installs_the_same_debian_packages() -> None:
     m = re.search(r"apt-get install -y --no-install-recommends \\\n(.*?)&&", final_stage(), re.S)
     assert m, "no apt-get install in the Dockerfile's last stage"
     packages = [w for w in m.group(1).split() if w != "\\"]
-    assert packages == list(image.DEBIAN_PACKAGES)
+    assert packages == list(recipe.DEBIAN_PACKAGES)
 
 
 def test_dockerfile_matches_paths_entrypoint_and_pins() -> None:
     text = DOCKERFILE.read_text()
     stage = final_stage()
-    assert f"COPY --from=build {image.VENV} {image.VENV}" in stage
-    assert f"ln -s {image.VENV}/bin/topolvm /usr/local/bin/topolvm" in stage
+    assert f"COPY --from=build {recipe.VENV} {recipe.VENV}" in stage
+    assert f"ln -s {recipe.VENV}/bin/topolvm /usr/local/bin/topolvm" in stage
     links = re.search(r"for name in ([^;]+); do", stage)
-    assert links and tuple(links.group(1).split()) == image.COMMAND_LINKS
-    assert f"ENV PATH={image.PATH} " in stage
-    assert f'ENTRYPOINT ["{image.ENTRYPOINT}"]' in stage
-    assert f"python3 -m venv {image.VENV}" in text
-    assert "devtools/image.py --requirements > /tmp/requirements.txt" in text
-    assert "devtools/image.py --build-constraints > /tmp/build-constraints.txt" in text
+    assert links and tuple(links.group(1).split()) == recipe.COMMAND_LINKS
+    assert f"ENV PATH={recipe.PATH} " in stage
+    assert f'ENTRYPOINT ["{recipe.ENTRYPOINT}"]' in stage
+    assert f"python3 -m venv {recipe.VENV}" in text
+    assert "devtools/image_recipe.py --requirements > /tmp/requirements.txt" in text
+    assert "devtools/image_recipe.py --build-constraints > /tmp/build-constraints.txt" in text
     assert "PIP_CONSTRAINT=/tmp/build-constraints.txt" in text
     assert "--no-deps \\\n      -r /tmp/requirements.txt ." in text
     # what the Dockerfile copies is not excluded from the build context
@@ -64,11 +65,11 @@ def test_dockerfile_matches_paths_entrypoint_and_pins() -> None:
 
 
 def test_python_pins_are_the_runtime_closure_of_pyproject() -> None:
-    pinned = dict(r.split("==") for r in image.requirements())
+    pinned = dict(r.split("==") for r in recipe.requirements())
     pinned = {canonicalize_name(n): v for n, v in pinned.items()}
-    closure = {canonicalize_name(r.split("==")[0]) for r in image.freeze()}
+    closure = {canonicalize_name(r.split("==")[0]) for r in recipe.freeze()}
     assert set(pinned) == closure, (
-        "PYTHON_REQUIREMENTS in devtools/image.py differ from the dependencies' closure; "
+        "PYTHON_REQUIREMENTS in devtools/image_recipe.py differ from the dependencies' closure; "
         "update it from `python -m devtools.image --freeze`"
     )
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
@@ -139,9 +140,9 @@ def test_image_runs_its_binaries(rootfs: Path, argv: tuple[str, ...]) -> None:
 def test_image_has_topolvm_of_this_repo_on_bookworm_python(rootfs: Path) -> None:
     assert in_image(rootfs, "python3", "--version").startswith("Python 3.11.")
     out = in_image(rootfs, "python3", "-c", "import sys, topolvm; print(sys.prefix)")
-    assert out.strip() == image.VENV
+    assert out.strip() == recipe.VENV
     code = "import importlib.metadata as m; print(m.version('topolvm'))"
-    assert in_image(rootfs, "python3", "-c", code).strip() == image.project_version()
+    assert in_image(rootfs, "python3", "-c", code).strip() == recipe.project_version()
     in_image(rootfs, "python3", "-c", "import topolvm.proto.lvmd_pb2, topolvm.cli, grpc")
     assert "Debian" in (rootfs / "etc/os-release").read_text()
     assert "VERSION_CODENAME=bookworm" in (rootfs / "etc/os-release").read_text()
@@ -151,7 +152,7 @@ def test_image_has_topolvm_of_this_repo_on_bookworm_python(rootfs: Path) -> None
 def test_component_names_dispatch_to_their_subcommand(rootfs: Path) -> None:
     subcommands = {"lvmd": "lvmd", "topolvm-node": "node", "topolvm-controller": "controller",
                    "topolvm-scheduler": "scheduler"}  # fmt: skip
-    assert set(subcommands) == set(image.COMMAND_LINKS)
+    assert set(subcommands) == set(recipe.COMMAND_LINKS)
     for name, sub in subcommands.items():
         assert f"usage: topolvm {sub} " in in_image(rootfs, f"/{name}", "--help")
 
@@ -164,18 +165,18 @@ def test_image_config_and_record(built: image_build.ImageInfo) -> None:
     assert json.loads((layout / "oci-layout").read_text())["imageLayoutVersion"] == "1.0.0"
     assert [layer["size"] for layer in manifest["layers"]] == built.layer_bytes
     config = image_oci.config_of(layout, built.tag)
-    assert config["config"]["Entrypoint"] == [image.ENTRYPOINT]
-    assert f"PATH={image.PATH}" in config["config"]["Env"]
+    assert config["config"]["Entrypoint"] == [recipe.ENTRYPOINT]
+    assert f"PATH={recipe.PATH}" in config["config"]["Env"]
     assert config["os"] == "linux" and config["architecture"] == image_common.debian_arch()
     assert config["config"]["Labels"]["org.opencontainers.image.revision"] == built.revision
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(built.source_date_epoch))
     assert config["created"] == created  # SOURCE_DATE_EPOCH, not the build's time
     assert {h["created"] for h in config["history"]} == {created}
     assert len(config["rootfs"]["diff_ids"]) == 2
-    assert built.tag == image.project_version()
+    assert built.tag == recipe.project_version()
     assert 0 < built.compressed_bytes < built.rootfs_bytes < 400 << 20
     names = {p.split("=")[0] for p in built.debian_packages}
-    assert set(image.DEBIAN_PACKAGES) <= names
+    assert set(recipe.DEBIAN_PACKAGES) <= names
     assert not names & {"apt", "perl", "usrmerge", "systemd"}, "unexpected packages"
     assert any(p.startswith("topolvm==") for p in built.python_packages)
 
@@ -186,7 +187,7 @@ def test_image_root_has_no_build_host_files(rootfs: Path) -> None:
     for host_file in ("etc/resolv.conf", "etc/hostname", "tmp/topolvm-install"):
         assert not (rootfs / host_file).exists(), host_file
     assert not list((rootfs / "opt/topolvm/bin").glob("pip*")), "pip was left in the venv"
-    assert (rootfs / "usr/local/bin/topolvm").readlink() == Path(f"{image.VENV}/bin/topolvm")
+    assert (rootfs / "usr/local/bin/topolvm").readlink() == Path(f"{recipe.VENV}/bin/topolvm")
 
 
 # -- the image's lvmd, LVM and mkfs against a real disk, in User-Mode Linux -----------------
@@ -271,7 +272,7 @@ def test_image_lvmd_lvm_and_mkfs_on_a_real_disk_in_uml(rootfs: Path) -> None:
         pytest.skip(f"User-Mode Linux is not available: {reason}")
     (rootfs / "etc/topolvm").mkdir(exist_ok=True)
     (rootfs / "etc/topolvm/lvmd.yaml").write_text(LVMD_CONFIG)
-    script = UML_SCRIPT.format(path=image.PATH, client=UML_CLIENT)
+    script = UML_SCRIPT.format(path=recipe.PATH, client=UML_CLIENT)
     try:
         res = uml.run(
             ["sh", "-c", script, "sh", str(rootfs)],
