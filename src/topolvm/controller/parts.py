@@ -8,7 +8,7 @@ import asyncio
 from lightkube import AsyncClient
 
 from topolvm.constants import Names
-from topolvm.controller import lvgc, moves, nodecleanup, pvcresize
+from topolvm.controller import copynudge, lvgc, moves, nodecleanup, pvcresize
 from topolvm.controller.lvgc import LogicalVolumeGC
 from topolvm.controller.metrics import ControllerMetrics
 from topolvm.controller.nodecleanup import NodeCleanupReconciler
@@ -94,4 +94,8 @@ async def run_reconcilers(
         tg.create_task(
             moves.MoveReconciler(client, names, store, metrics, resync=o.resync).run(),
             name=moves.CONTROLLER_NAME,
+        )
+        tg.create_task(
+            copynudge.CopyDoneNudge(client, names, metrics, resync=o.resync).run(),
+            name=copynudge.CONTROLLER_NAME,
         )
