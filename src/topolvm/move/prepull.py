@@ -1,0 +1,114 @@
+"""A move's image pre-pull (pure): the pod's images are pulled on the target node while the
+pre-copy runs, so that the pod's start there after the swap does not wait for a pull with the
+workload down (docs/mobility.md, "Move").
+
+The pull is done the way any container runtime does it: by the target's kubelet, for a
+short-lived pod pinned to the target (``spec.nodeName``, so no scheduler and no capacity
+check), in the workload's namespace with its ServiceAccount and ``imagePullSecrets`` (the
+credentials the workload itself pulls with), one container per image, each with the pull policy
+the workload gives it. The containers are not meant to run: each runs a command that cannot
+exist, so the kubelet pulls the image, then fails to start it (or starts nothing). What the
+kubelet reports decides: a container status with an ``imageID`` is pulled; ``ErrImagePull`` /
+``ImagePullBackOff`` is a pull that fails (the move goes on: the pod's own start pulls, or
+fails, as it would have).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Obj = dict[str, Any]
+NEVER_RUNS = "/.topolvm-prepull-does-not-run"
+PULL_FAILED = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
+                         "ErrImageNeverPull", "RegistryUnavailable"})  # fmt: skip
+COMPONENT_LABEL = "app.kubernetes.io/component"
+COMPONENT = "topolvm-prepull"
+
+
+def pod_name(move_uid: str) -> str:
+    return f"topolvm-prepull-{move_uid[:13]}"
+
+
+def images(pod: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(image, pull policy) of the pod's init and app containers, each image once."""
+    spec = pod.get("spec") or {}
+    seen: dict[str, str] = {}
+    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        image = str((c or {}).get("image") or "")
+        if image and image not in seen:
+            seen[image] = str(c.get("imagePullPolicy") or "")
+    return list(seen.items())
+
+
+def prepull_pod(
+    workload: Mapping[str, Any], target_node: str, name: str, labels: Mapping[str, str]
+) -> Obj:
+    """The pod that pulls ``workload``'s images on ``target_node``."""
+    spec = workload.get("spec") or {}
+    meta = workload.get("metadata") or {}
+    containers = []
+    for i, (image, policy) in enumerate(images(workload)):
+        c: Obj = {"name": f"pull-{i}", "image": image, "command": [NEVER_RUNS],
+                  "resources": {}}  # fmt: skip
+        if policy:
+            c["imagePullPolicy"] = policy
+        containers.append(c)
+    body: Obj = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": meta.get("namespace", ""),
+                     "labels": {**labels, COMPONENT_LABEL: COMPONENT}},
+        "spec": {
+            "nodeName": target_node, "restartPolicy": "Never", "containers": containers,
+            "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 0,
+            "enableServiceLinks": False,
+            "tolerations": [{"operator": "Exists"}],  # a cordoned or tainted target still pulls
+        },
+    }  # fmt: skip
+    if spec.get("serviceAccountName"):
+        body["spec"]["serviceAccountName"] = spec["serviceAccountName"]
+    if spec.get("imagePullSecrets"):
+        body["spec"]["imagePullSecrets"] = spec["imagePullSecrets"]
+    return body
+
+
+@dataclass(frozen=True)
+class Pull:
+    done: bool  # every image pulled, or failed for good
+    pulled: tuple[str, ...]
+    failed: tuple[str, ...]  # "image: reason"
+    waiting: tuple[str, ...]  # images still being pulled
+
+    def describe(self) -> str:
+        parts = []
+        if self.pulled:
+            parts.append(f"pulled {', '.join(self.pulled)}")
+        if self.failed:
+            parts.append(f"could not pull {'; '.join(self.failed)}")
+        if self.waiting:
+            parts.append(f"pulling {', '.join(self.waiting)}")
+        return "; ".join(parts) or "no image to pull"
+
+
+def pull_state(pod: Mapping[str, Any]) -> Pull:
+    """How far the kubelet got with the pre-pull pod's images."""
+    spec_images = {c["name"]: c["image"] for c in (pod.get("spec") or {}).get("containers") or []}
+    statuses = {s.get("name"): s for s in (pod.get("status") or {}).get("containerStatuses") or []}
+    pulled, failed, waiting = [], [], []
+    for name, image in spec_images.items():
+        s = statuses.get(name) or {}
+        reason = str(((s.get("state") or {}).get("waiting") or {}).get("reason") or "")
+        if s.get("imageID"):
+            pulled.append(image)
+        elif reason in PULL_FAILED:
+            message = ((s.get("state") or {}).get("waiting") or {}).get("message") or reason
+            failed.append(f"{image}: {message}")
+        else:
+            waiting.append(image)
+    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed") and waiting:
+        # the pod ended without a word on these (it was rejected on the node, say)
+        reason = (pod.get("status") or {}).get("reason") or "the pod ended"
+        failed += [f"{image}: {reason}" for image in waiting]
+        waiting = []
+    return Pull(not waiting, tuple(pulled), tuple(failed), tuple(waiting))
