@@ -111,7 +111,7 @@ async def test_seed_outage_is_named_first_and_its_printed_fix_schedules_the_pods
             assert (first["check"], first["cause"]) == ("marker-without-extender", CAUSE), doc
             assert {o["name"] for o in first["objects"] if o["kind"] == "Pod"} >= set(pods)
             free = [e for e in first["evidence"] if e.startswith(f"node {worker.name} has free")]
-            assert free and "ssd 240 GiB" in free[0], first["evidence"]
+            assert free and "ssd 240.0 GiB" in free[0], first["evidence"]
             _, text, _ = await run(
                 sys.executable, "-m", "topolvm", "doctor", f"--kubeconfig={cp.kubeconfig}",
                 "-n", ns,
