@@ -114,12 +114,82 @@ def _pv_rules(view: ClusterView) -> list[str]:
     return out
 
 
+CUT_PREFIX, ROUND_TWO, VERIFY_PREFIX = "cut.", ".r2", "verify."
+
+
+def _copy_running(o: Obj, second: bool) -> bool:
+    """A copy still fills the LogicalVolume ``o``: its first cut (or with ``second``, a move's
+    second cut) is still read. A move's first cut is the base of its final copy, so it is kept
+    from the pre-copy's end until the final copy is done."""
+    spec, status = o.get("spec") or {}, o.get("status") or {}
+    copy_spec, copy = spec.get("copy") or {}, status.get("copy") or {}
+    if not (copy_spec.get("source") or copy) or o["metadata"].get("deletionTimestamp"):
+        return False
+    if status.get("code"):
+        return False
+    want = max(int(copy_spec.get("round") or 1), 1)
+    done = copy.get("phase") == "Done" and max(int(copy.get("round") or 1), 1) == want
+    if second:
+        return want >= 2 and not done
+    return not done or (bool(copy_spec.get("keepCut")) and want < 2)
+
+
+def _verify_running(o: Obj) -> bool:
+    """The node of ``o`` has not reported the digest its ``spec.verify.id`` asks for."""
+    asked = ((o.get("spec") or {}).get("verify") or {}).get("id")
+    told = (o.get("status") or {}).get("verify") or {}
+    if not asked or o["metadata"].get("deletionTimestamp"):
+        return False
+    return told.get("id") != asked or told.get("phase") not in ("Done", "Failed")
+
+
+def running_cut(lv_name: str, node: str, logical_volumes: list[Obj]) -> bool:
+    """``lv_name`` on ``node`` is a cut that a copy still running reads (``cut.<target UID>``,
+    a move's second ``cut.<UID>.r2``, on the node of the copy's source), or a verification's
+    (``verify.<UID>``, on that volume's node)."""
+    by_uid = {str(o["metadata"].get("uid")): o for o in logical_volumes}
+    by_name = {str(o["metadata"].get("name")): o for o in logical_volumes}
+    if lv_name.startswith(VERIFY_PREFIX):
+        o = by_uid.get(lv_name[len(VERIFY_PREFIX) :])
+        return o is not None and o["spec"].get("nodeName") == node and _verify_running(o)
+    if not lv_name.startswith(CUT_PREFIX):
+        return False
+    job = lv_name[len(CUT_PREFIX) :]
+    second = job.endswith(ROUND_TWO)
+    target = by_uid.get(job.removesuffix(ROUND_TWO))
+    if target is None or not _copy_running(target, second):
+        return False
+    spec = target.get("spec") or {}
+    source = by_name.get((spec.get("copy") or {}).get("source") or spec.get("source") or "")
+    return source is not None and source["spec"].get("nodeName") == node
+
+
+def unaccounted_lvs(view: ClusterView) -> list[str]:
+    """LVs in the device classes' VGs that are neither a LogicalVolume's (its volume id, or
+    its UID while its node creates it), a thin pool, nor a cut a running copy reads."""
+    out = []
+    claimed = {(o["spec"].get("nodeName"), v)
+               for o in view.logical_volumes
+               for v in ((o.get("status") or {}).get("volumeID"), o["metadata"].get("uid"))
+               if v}  # fmt: skip
+    vgs = {dc.vg for dc in view.classes}
+    for node in view.nodes.values():
+        for vg, lvs in node.lvs.items():
+            for lv_name, lv in lvs.items():
+                if vg not in vgs or lv.is_thin_pool or (node.name, lv_name) in claimed:
+                    continue
+                if running_cut(lv_name, node.name, view.logical_volumes):
+                    continue
+                out.append(f"LV {vg}/{lv_name} on {node.name} has no LogicalVolume "
+                           f"({lv.size} bytes; not a cut of a copy still running)")  # fmt: skip
+    return out
+
+
 def _lv_object_rules(view: ClusterView) -> list[str]:
     out = []
     mine = [o for o in view.logical_volumes if o["spec"].get("nodeName") in view.nodes]
     names = Counter(o["spec"].get("name") for o in mine)
     out += [f"{n} LogicalVolumes for volume {v}" for v, n in names.items() if n > 1]
-    by_id: dict[tuple[str, str], Obj] = {}
     for o in mine:
         name, node = o["metadata"]["name"], o["spec"]["nodeName"]
         if o["metadata"].get("deletionTimestamp"):
@@ -128,16 +198,9 @@ def _lv_object_rules(view: ClusterView) -> list[str]:
         if not volume_id:
             out.append(f"LogicalVolume {name} on {node} has no LV (status.volumeID unset)")
             continue
-        by_id[(node, volume_id)] = o
         if not any(volume_id in lvs for lvs in view.nodes[node].lvs.values()):
             out.append(f"LogicalVolume {name}: its LV {volume_id} is not on {node}")
-    vgs = {dc.vg for dc in view.classes}
-    for node in view.nodes.values():
-        for vg, lvs in node.lvs.items():
-            for lv_name, lv in lvs.items():
-                if vg in vgs and not lv.is_thin_pool and (node.name, lv_name) not in by_id:
-                    out.append(f"LV {vg}/{lv_name} on {node.name} has no LogicalVolume")
-    return out
+    return out + unaccounted_lvs(view)
 
 
 def _capacity_rules(view: ClusterView) -> list[str]:
@@ -173,6 +236,12 @@ def _capacity_rules(view: ClusterView) -> list[str]:
             if (sc, name) not in seen:
                 out.append(f"no CSIStorageCapacity for {sc} on {name}")
     return out
+
+
+def volume_violations(view: ClusterView) -> list[str]:
+    """The rules over LVs and LogicalVolumes alone: each node's LVs are exactly its
+    LogicalVolumes' LVs, its thin pools, and the cuts of copies still running."""
+    return _lv_object_rules(view)
 
 
 def violations(view: ClusterView) -> list[str]:

@@ -1,6 +1,7 @@
 """Helpers of the move tests (docs/mobility.md, "Move"): a StatefulSet whose pod writes a
-numbered log without pause, the pod webhook that holds pods of a claim being moved, and the
-wait for a VolumeMove to end."""
+numbered log without pause, the pod webhook that holds pods of a claim being moved, the wait
+for a VolumeMove to end, and the check that the nodes hold no LV beyond their LogicalVolumes'
+(tests/invariants.py), made after every move, rollback, drain, restore and clone."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from lightkube import AsyncClient
 from lightkube.resources.admissionregistration_v1 import MutatingWebhookConfiguration
 
 from devtools.testbed.controlplane import ControlPlane
+from devtools.testbed.umlnode import UmlNode
 from tests.cluster_fixtures import GROUP_LABEL
 from tests.cluster_webhook_helpers import configuration, webhook
 from tests.helpers import eventually
-from tests.provisioning import NS, busybox
+from tests.invariants import ClusterView, DeviceClass, Lv, NodeView, volume_violations
+from tests.provisioning import NS, Scenario, busybox
 from topolvm.constants import NORMAL
 from topolvm.k8s import api
 from topolvm.k8s.moveobject import MovePhase, VolumeMoveObject, manifest
@@ -30,11 +33,12 @@ WRITER = (
 
 
 def writer_set(
-    name: str, sc: str, group: str, size: str = "1Gi", replicas: int = 1, logs_sc: str = ""
-) -> dict[str, Any]:
+    name: str, sc: str, group: str, size: str = "1Gi", replicas: int = 1, logs_sc: str = "",
+    logs_size: str = "512Mi",
+) -> dict[str, Any]:  # fmt: skip
     """A one-replica StatefulSet (claim ``data-<name>-0``) whose pod writes without pause, on
     a node of ``group``; with ``logs_sc`` its pods mount a second claim (``logs-<name>-0``,
-    512 MiB) at /logs."""
+    ``logs_size``) at /logs."""
     labels = {"app": name}
     mounts = [{"name": "data", "mountPath": "/data"}]
     templates = [{
@@ -47,7 +51,7 @@ def writer_set(
         templates.append({
             "metadata": {"name": "logs"},
             "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": logs_sc,
-                     "resources": {"requests": {"storage": "512Mi"}}},
+                     "resources": {"requests": {"storage": logs_size}}},
         })  # fmt: skip
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
@@ -114,9 +118,12 @@ async def move_webhook(cp: ControlPlane, client: AsyncClient) -> AsyncIterator[N
         yield  # the hook's exit deletes the configuration
 
 
-async def start_move(client: AsyncClient, claim: str, target: str = "") -> None:
+async def start_move(
+    client: AsyncClient, claim: str, target: str = "", together: tuple[str, ...] = ()
+) -> None:
     res = api.volumemove_resource(NORMAL)
-    await api.create(client, res.from_dict(manifest(NORMAL.group, NS, claim, target)))
+    body = manifest(NORMAL.group, NS, claim, target, together)
+    await api.create(client, res.from_dict(body))
 
 
 async def move_done(client: AsyncClient, claim: str, timeout: float = 300) -> VolumeMoveObject:
@@ -189,3 +196,42 @@ def budget(name: str, app: str, min_available: int) -> dict[str, Any]:
 async def moves_now(client: AsyncClient) -> list[VolumeMoveObject]:
     items, _ = await api.list_all(client, api.volumemove_resource(NORMAL), namespace=NS)
     return [VolumeMoveObject.from_dict(o) for o in items]
+
+
+def _lvm_view(nodes: list[UmlNode], vgs: tuple[str, ...]) -> dict[str, NodeView]:
+    return {n.name: NodeView(n.name, {vg: {name: Lv(int(r["lv_size"]), r["lv_attr"],
+                                                    r.get("pool_lv") or "")
+                                           for name, r in n.lvs(vg).items()} for vg in vgs},
+                             {})
+            for n in nodes}  # fmt: skip
+
+
+async def lvs_accounted(
+    s: Scenario, after: str, within: float = 10.0, vgs: tuple[str, ...] = ("vg1",)
+) -> None:
+    """Within ``within`` seconds of ``after`` (a move, a rollback, a drain, a restore, a
+    clone): each node's LVs are exactly its LogicalVolumes' LVs, its thin pools and the cuts of
+    copies still running (tests/invariants.py), and every LogicalVolume of these nodes has its
+    LV. On failure: what is left, with LVM's word on it and what topolvm-node said of cuts."""
+    classes = [DeviceClass(vg, vg, 0) for vg in vgs]
+    last: list[str] = []
+
+    async def holds() -> bool:
+        nonlocal last
+        nodes = await asyncio.to_thread(_lvm_view, s.nodes, vgs)
+        objects, _ = await api.list_all(s.client, api.logicalvolume_resource(s.names))
+        last = volume_violations(ClusterView(nodes, classes, [], objects, [], {}, s.names))
+        return not last
+
+    def details() -> str:
+        lines = ["left:", *last]
+        for n in s.nodes:
+            for vg in vgs:
+                out = n.lvm("lvs", vg, "-o", "lv_name,lv_size,origin,lv_tags,lv_attr")
+                lines.append(f"{n.name} {vg}:\n{out}")
+            said = [ln for ln in n.node_log(lines=400).splitlines() if "cut" in ln]
+            lines.append(f"{n.name} topolvm-node on cuts:\n" + "\n".join(said[-25:]))
+        return "\n".join(lines)
+
+    await eventually(f"no LV left over {within:.0f} s after {after}", holds, timeout=within,
+                     interval=1, details=details)  # fmt: skip

@@ -4,8 +4,6 @@ rejects a misspelled key by name. helm 4 comes from devtools.helm; no cluster is
 
 from __future__ import annotations
 
-import functools
-import shlex
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -14,68 +12,21 @@ import pytest
 import yaml
 
 from devtools import gobuild
-from devtools.helm import helm
+from tests.chart_helpers import (
+    CHART,
+    MODES,
+    argv_of,
+    container,
+    containers,
+    kinds,
+    notes,
+    render,
+    run_helm,
+    topolvm_argv,
+    values_args,
+)
 from topolvm.cli import build_parser
 from topolvm.config.lvmd import load_lvmd_config
-from topolvm.node.cli import options_from_args
-
-ROOT = Path(__file__).resolve().parent.parent
-CHART = ROOT / "charts" / "topolvm"
-MODES = sorted(p.name.removesuffix("-values.yaml") for p in (CHART / "ci").glob("*-values.yaml"))
-NS = "topolvm-system"
-
-
-def run_helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(helm()), *args], capture_output=True, text=True, check=check, timeout=120
-    )
-
-
-def values_args(mode: str | None, sets: tuple[str, ...] = ()) -> list[str]:
-    files = ["-f", str(CHART / "ci" / f"{mode}-values.yaml")] if mode else []
-    return files + [a for s in sets for a in ("--set", s)]
-
-
-@functools.cache
-def render(mode: str | None = None, sets: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    out = run_helm("template", "t", str(CHART), "-n", NS, *values_args(mode, sets)).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
-
-
-def notes(mode: str | None = None, sets: tuple[str, ...] = ()) -> str:
-    res = run_helm("install", "t", str(CHART), "-n", NS, "--dry-run=client",
-                   *values_args(mode, sets))  # fmt: skip
-    return res.stdout.split("NOTES:", 1)[1]
-
-
-def kinds(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
-    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
-
-
-def containers(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out = []
-    for d in docs:
-        if d["kind"] in ("Deployment", "DaemonSet"):
-            spec = d["spec"]["template"]["spec"]
-            out += spec.get("initContainers", []) + spec["containers"]
-    return out
-
-
-def container(docs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
-    return [c for c in containers(docs) if c["name"] == name]
-
-
-def argv_of(c: dict[str, Any]) -> list[str]:
-    return [*c.get("command", []), *c.get("args", [])]
-
-
-def topolvm_argv(c: dict[str, Any]) -> list[str] | None:
-    argv = argv_of(c)
-    if argv and argv[0].endswith("topolvm"):
-        return argv[1:]
-    if argv[:2] == ["sh", "-c"] and "topolvm " in argv[2]:
-        return shlex.split(argv[2])[1:]
-    return None
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -160,6 +111,48 @@ def test_marker_mode_needs_the_scheduler() -> None:
                    check=False)  # fmt: skip
     assert res.returncode != 0
     assert "webhook.podMutatingWebhook.marker" in res.stderr and "scheduler.enabled" in res.stderr
+
+
+def test_two_controllers_without_leader_election_are_refused() -> None:
+    """Both replicas would run the reconcilers and drive the same VolumeMoves at once."""
+    res = run_helm("template", "t", str(CHART), "--set", "controller.leaderElection.enabled=false",
+                   check=False)  # fmt: skip
+    assert res.returncode != 0
+    assert ("controller.leaderElection.enabled=false needs controller.replicaCount=1, not 2"
+            in res.stderr), res.stderr  # fmt: skip
+    one = render(None, ("controller.leaderElection.enabled=false", "controller.replicaCount=1"))
+    [deployment] = [d for d in kinds(one, "Deployment").values()
+                    if d["metadata"]["name"].endswith("-controller")]  # fmt: skip
+    assert deployment["spec"]["replicas"] == 1
+    assert "--leader-election=false" in argv_of(container(one, "topolvm-controller")[0])
+    # without leader election the old controller stops before the new one starts
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def controller_deployment(sets: tuple[str, ...]) -> dict[str, Any]:
+    [deployment] = [d for d in kinds(render(None, sets), "Deployment").values()
+                    if d["metadata"]["name"].endswith("-controller")]  # fmt: skip
+    return deployment
+
+
+def test_without_leader_election_only_a_recreate_update_is_allowed() -> None:
+    """A rolling update starts the new controller before the old one stops: without leader
+    election both would reconcile the same VolumeMoves for a while. The chart sets Recreate
+    unless told a strategy; a strategy of another type is refused, naming the key."""
+    alone = ("controller.leaderElection.enabled=false", "controller.replicaCount=1")
+    for strategy in (("controller.updateStrategy.type=RollingUpdate",),
+                     ("controller.updateStrategy.rollingUpdate.maxSurge=0",)):  # fmt: skip
+        res = run_helm("template", "t", str(CHART), *values_args(None, alone + strategy),
+                       check=False)  # fmt: skip
+        assert res.returncode != 0, strategy
+        assert ("controller.leaderElection.enabled=false needs controller.updateStrategy of type "
+                "Recreate" in res.stderr), res.stderr  # fmt: skip
+    told = controller_deployment((*alone, "controller.updateStrategy.type=Recreate"))
+    assert told["spec"]["strategy"] == {"type": "Recreate"}
+    # with leader election: the chart leaves the strategy alone, whatever it is
+    assert "strategy" not in controller_deployment(())["spec"]
+    rolling = controller_deployment(("controller.updateStrategy.rollingUpdate.maxSurge=0",))
+    assert rolling["spec"]["strategy"] == {"rollingUpdate": {"maxSurge": 0}}
 
 
 def test_webhook_without_extender_renders_with_a_warning_naming_the_keys() -> None:
@@ -307,164 +300,3 @@ def test_both_crds_are_rendered_and_never_deleted_by_helm() -> None:
             assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     extra = kinds(render(None, ("crd.annotations.example\\.com/x=y",)), "CustomResourceDefinition")
     assert all(c["metadata"]["annotations"]["example.com/x"] == "y" for c in extra.values())
-
-
-# -- the kubernetes-csi sidecars whose jobs topolvm does itself (csiSidecars) --------------------
-
-BUILTIN_SIDECARS = "builtin-sidecars"
-
-
-def pod_spec(docs: list[dict[str, Any]], kind: str, suffix: str) -> dict[str, Any]:
-    [obj] = [d for n, d in kinds(docs, kind).items() if n.endswith(suffix)]
-    spec: dict[str, Any] = obj["spec"]["template"]["spec"]
-    return spec
-
-
-def flag(argv: list[str], name: str) -> str | None:
-    """The value of ``--name=value`` in ``argv``; "" for a bare ``--name``; None if absent."""
-    for arg in argv:
-        key, eq, value = arg.partition("=")
-        if key == name:
-            return value if eq else ""
-    return None
-
-
-def liveness_port(c: dict[str, Any]) -> tuple[str, int]:
-    """(path, container port number) the container's liveness probe calls."""
-    get = c["livenessProbe"]["httpGet"]
-    ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
-    port = get["port"]
-    return get["path"], ports[port] if isinstance(port, str) else port
-
-
-def test_default_keeps_the_registrar_and_livenessprobe_sidecars() -> None:
-    docs = render()
-    node = pod_spec(docs, "DaemonSet", "-node")
-    names = [c["name"] for c in node["containers"]]
-    assert names == ["topolvm-node", "csi-registrar", "liveness-probe"]
-    [topolvm, registrar, probe] = node["containers"]
-    socket = flag(argv_of(topolvm), "--csi-socket")
-    assert flag(argv_of(registrar), "--kubelet-registration-path") == socket
-    assert {"name": "registration-dir", "mountPath": "/registration"} in registrar["volumeMounts"]
-    node_argv = topolvm_argv(topolvm)
-    assert node_argv is not None
-    assert flag(node_argv, "--register-with-kubelet") is None
-    assert flag(node_argv, "--health-probe-bind-address") is None
-    assert "registration-dir" not in {m["name"] for m in topolvm["volumeMounts"]}
-    assert liveness_port(topolvm) == ("/healthz", 9808)  # served by the sidecar
-    assert flag(argv_of(probe), "--http-endpoint") == ":9808"
-
-    controller = pod_spec(docs, "Deployment", "-controller")
-    [ctl] = [c for c in controller["containers"] if c["name"] == "topolvm-controller"]
-    [ctl_probe] = [c for c in controller["containers"] if c["name"] == "liveness-probe"]
-    assert liveness_port(ctl) == ("/healthz", 9808)
-    assert flag(argv_of(ctl_probe), "--http-endpoint") == ":9808"
-
-
-@pytest.mark.parametrize(
-    "kubelet", ["/var/lib/kubelet", "/var/snap/microk8s/common/var/lib/kubelet"]
-)
-def test_builtin_sidecars_topolvm_registers_and_probes_itself(kubelet: str) -> None:
-    sets = () if kubelet == "/var/lib/kubelet" else (f"node.kubeletWorkDirectory={kubelet}",)
-    docs = render(BUILTIN_SIDECARS, sets)
-    assert not container(docs, "csi-registrar") and not container(docs, "liveness-probe")
-
-    node = pod_spec(docs, "DaemonSet", "-node")
-    [topolvm] = node["containers"]
-    argv = topolvm_argv(topolvm)
-    assert argv is not None
-    socket = f"{kubelet}/plugins/topolvm.io/node/csi-topolvm.sock"
-    registry = f"{kubelet}/plugins_registry"
-    assert flag(argv, "--csi-socket") == socket
-    assert flag(argv, "--register-with-kubelet") == ""
-    assert flag(argv, "--plugin-registration-path") == registry
-    assert flag(argv, "--kubelet-registration-path") == socket
-    # the flags mean what they say to our CLI: the kubelet is told the chart's socket path
-    options = options_from_args(build_parser().parse_args([*argv, "--nodename=n1"]))
-    assert options.registration is not None
-    assert options.registration.socket("topolvm.io") == f"{registry}/topolvm.io-reg.sock"
-    assert options.registration.endpoint == socket
-    # the kubelet's registration folder is the host's, mounted where the flag says
-    [volume] = [v for v in node["volumes"] if v["name"] == "registration-dir"]
-    assert volume["hostPath"]["path"].rstrip("/") == registry
-    [mount] = [m for m in topolvm["volumeMounts"] if m["name"] == "registration-dir"]
-    assert mount["mountPath"].rstrip("/") == registry
-    # the liveness probe calls topolvm-node's own /healthz
-    assert options.health_address == ("0.0.0.0", 9808)
-    assert liveness_port(topolvm) == ("/healthz", 9808)
-
-    controller = pod_spec(docs, "Deployment", "-controller")
-    [ctl] = [c for c in controller["containers"] if c["name"] == "topolvm-controller"]
-    ctl_argv = topolvm_argv(ctl)
-    assert ctl_argv is not None
-    assert flag(ctl_argv, "--health-probe-bind-address") == ":8081"
-    assert liveness_port(ctl) == ("/healthz", 8081)
-    assert 9808 not in {p["containerPort"] for p in ctl["ports"]}  # nothing listens there now
-    assert "Kubelet registration: by topolvm-node itself" in notes(BUILTIN_SIDECARS)
-
-
-def test_csi_sidecars_are_dropped_one_at_a_time() -> None:
-    docs = render(None, ("csiSidecars.nodeDriverRegistrar=false",))
-    assert [c["name"] for c in pod_spec(docs, "DaemonSet", "-node")["containers"]] == [
-        "topolvm-node", "liveness-probe",
-    ]  # fmt: skip
-    [topolvm] = container(docs, "topolvm-node")
-    argv = topolvm_argv(topolvm)
-    assert argv is not None and flag(argv, "--health-probe-bind-address") is None
-    assert flag(argv, "--register-with-kubelet") == ""
-
-    docs = render(None, ("csiSidecars.livenessProbe=false",))
-    assert [c["name"] for c in pod_spec(docs, "DaemonSet", "-node")["containers"]] == [
-        "topolvm-node", "csi-registrar",
-    ]  # fmt: skip
-    [topolvm] = container(docs, "topolvm-node")
-    argv = topolvm_argv(topolvm)
-    assert argv is not None and flag(argv, "--register-with-kubelet") is None
-    assert flag(argv, "--health-probe-bind-address") == ":9808"
-
-
-def test_the_transfer_port_its_token_and_rbac_are_rendered_and_can_be_turned_off() -> None:
-    """docs/mobility.md: the node pods serve the transfer port on their IP, carry the projected
-    token receivers show, may review tokens; the sidecars pass the claim's name on."""
-    docs = render(sets=("node.transfer.bandwidthLimit=100Mi",))
-    [node] = container(docs, "topolvm-node")
-    argv = topolvm_argv(node)
-    assert argv is not None
-    assert {"--transfer-bind-address=:9850", "--transfer-bandwidth=100Mi"} <= set(argv)
-    options = options_from_args(build_parser().parse_args([*argv, "--nodename=n1"]))
-    assert options.transfer.limits.bandwidth == 100 << 20
-    assert {"name": "transfer", "containerPort": 9850, "protocol": "TCP"} in node["ports"]
-    assert any(e["name"] == "POD_IP" for e in node["env"])
-    [ds] = [d for d in kinds(docs, "DaemonSet").values() if "node" in d["metadata"]["name"]]
-    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
-    [source] = volumes["transfer-token"]["projected"]["sources"]
-    assert source["serviceAccountToken"]["audience"] == "topolvm-transfer"
-    mount = next(m for m in node["volumeMounts"] if m["name"] == "transfer-token")
-    assert mount["mountPath"] == "/var/run/secrets/topolvm.io/transfer" and mount["readOnly"]
-    [role] = [r for n, r in kinds(docs, "ClusterRole").items() if n.endswith("topolvm-node")]
-    rules = [
-        (tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]
-    ]
-    assert (("authentication.k8s.io",), ("tokenreviews",), ("create",)) in rules
-    for sidecar in ("csi-provisioner", "csi-snapshotter"):
-        assert "--extra-create-metadata" in argv_of(container(docs, sidecar)[0])
-
-    off = render(sets=("node.transfer.enabled=false",))
-    [node] = container(off, "topolvm-node")
-    assert "--transfer-bind-address=0" in (topolvm_argv(node) or [])
-    assert not any(m["name"] == "transfer-token" for m in node["volumeMounts"])
-
-
-def test_the_node_account_is_confined_to_its_own_node_unless_turned_off() -> None:
-    """node.ownNodeOnly (docs/security.md): a ValidatingAdmissionPolicy, bound, that applies to
-    topolvm-node's ServiceAccount of this release (the cluster test checks what it denies)."""
-    docs = render()
-    [policy] = kinds(docs, "ValidatingAdmissionPolicy").values()
-    [binding] = kinds(docs, "ValidatingAdmissionPolicyBinding").values()
-    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
-    assert binding["spec"]["validationActions"] == ["Deny"]
-    [ds] = [d for d in kinds(docs, "DaemonSet").values() if "node" in d["metadata"]["name"]]
-    account = ds["spec"]["template"]["spec"]["serviceAccountName"]
-    conditions = {c["name"]: c["expression"] for c in policy["spec"]["matchConditions"]}
-    assert f'"system:serviceaccount:{NS}:{account}"' in conditions["topolvm-node"]
-    assert not kinds(render(sets=("node.ownNodeOnly=false",)), "ValidatingAdmissionPolicy")

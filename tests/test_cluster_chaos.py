@@ -2,9 +2,13 @@
 restore; every other restore onto a second node: a copy from the first, docs/mobility.md; move: a
 claim a StatefulSet's pod uses moves to the second node, both nodes running kubelets) with one
 crash at a random point of it: SIGKILL of topolvm-controller, of topolvm-node, of lvmd (socket
-mode), or a power loss of the UML node itself (the first node: the copy's sender). After each
+mode), a power loss of the UML node itself (the first node: the copy's sender), or a pause: the
+controller leader SIGSTOPped while a second controller takes over, then SIGCONTed (a former
+leader going on from where it was; the victim of a move, when one can be drawn). After each
 run the operation must complete, every invariant hold on both nodes (tests/invariants.py), and
-every volume's data read back with the checksum it was written with.
+every volume's data read back with the checksum it was written with. Then two controllers
+drive the same moves, one paused mid-step, over seeded interleavings (docs/mobility.md,
+"Fencing").
 
 ``make test`` runs the first 10 seeded runs, ``make chaos`` 100 (TOPOLVM_CHAOS_RUNS;
 TOPOLVM_CHAOS_VICTIMS narrows the victims, TOPOLVM_CHAOS_OPS the operations,
@@ -37,7 +41,9 @@ from tests.chaos_helpers import MIB, READ, WRITE, Volume, device_class, settled,
 from tests.cluster_fixtures import NodeSet, pod_node, record_line, unique
 from tests.faults_helpers import pinned_class
 from tests.helpers import eventually
+from tests.leader_helpers import Replica, controller_of, freeze
 from tests.lvm_fixtures import THICK, THIN
+from tests.move_fencing_helpers import fenced_move
 from tests.move_helpers import delete_move, holding_set, move_done, move_webhook, start_move
 from tests.provisioning import NS, Scenario, bound, claim
 from topolvm.k8s import api
@@ -49,7 +55,9 @@ pytestmark = [pytest.mark.cluster, pytest.mark.asyncio(loop_scope="module")]
 
 RUNS = int(os.environ.get("TOPOLVM_CHAOS_RUNS", "10"))
 SEED = os.environ.get("TOPOLVM_CHAOS_SEED", "20261125")
-KNOWN_VICTIMS = ("topolvm-controller", "topolvm-node", "lvmd", "power loss")
+KNOWN_VICTIMS = ("topolvm-controller", "topolvm-node", "lvmd", "power loss", "pause")
+PAUSE = 8.0  # seconds the leader stays stopped while the second controller drives
+FENCE_RUNS = int(os.environ.get("TOPOLVM_FENCE_RUNS", "3"))
 # every victim in make test too, since the 100-run make chaos of 2026-11-27 (docs/reliability.md)
 VICTIMS = tuple(os.environ.get("TOPOLVM_CHAOS_VICTIMS", ",".join(KNOWN_VICTIMS)).split(","))
 if unknown := set(VICTIMS) - set(KNOWN_VICTIMS):
@@ -76,6 +84,7 @@ class Campaign:
     tracked: dict[str, str]  # StorageClass (WaitForFirstConsumer) -> device class
     vsc: str
     sc_other: str  # thin, Immediate, its topology only ``other``: a restore there is a copy
+    replica: Replica  # a second topolvm-controller: the pause victim's successor
     volumes: dict[str, Volume] = field(default_factory=dict)
     snapshots: dict[str, Volume] = field(default_factory=dict)  # what a restore must read
     runs: Counter[str] = field(default_factory=Counter)
@@ -270,6 +279,18 @@ class Campaign:
             self.node.signal(victim, "SIGKILL", wait=10)
             self.node.respawn(victim)
 
+    async def pause(self) -> None:
+        """The leader stops (SIGSTOP) mid-operation; a second controller starts and drives
+        the operation for :data:`PAUSE` seconds; the former leader goes on (SIGCONT) with what
+        it had read, and both run until the run ends (:meth:`Replica.stop`)."""
+        leader = controller_of(self.driver)
+        freeze(leader, True)
+        try:
+            self.replica.start()  # on this thread: see test_crash_at_a_random_point
+            await asyncio.sleep(PAUSE)
+        finally:
+            freeze(leader, False)
+
     def restart_exited(self) -> None:
         """What the kubelet does for a container that exited: start it again (and count it)."""
         for node, name in ((self.node, "lvmd"), (self.node, "topolvm-node"),
@@ -329,11 +350,13 @@ async def campaign(
     # reads); these are the ones whose CSIStorageCapacity the invariants check
     tracked = {s.sc(device_class=dc, fs_type="xfs"): dc for dc in ("ssd", "thin")}
     elsewhere = pinned_class(s, [other], "thin")
-    c = Campaign(s, chaos_node, other, driver, sc, tracked, vsc, elsewhere)
+    replica = Replica(driver, driver.workdir.parent / "chaos-replica")
+    c = Campaign(s, chaos_node, other, driver, sc, tracked, vsc, elsewhere, replica)
     try:
         async with move_webhook(control_plane, client):  # holds a moving claim's pod
             yield c
     finally:
+        replica.stop()
         if "topolvm-controller" not in driver.children:
             driver.restart_after_crash()
         await asyncio.to_thread(c.restart_exited)
@@ -369,18 +392,24 @@ async def test_crash_at_a_random_point(campaign: Campaign, run: int) -> None:
     possible = c.possible()
     op = rng.choice([o for o in possible if o in OPS] or possible)
     victim = VICTIMS[run % len(VICTIMS)]
+    if victim == "pause" and "move" in possible and "move" in OPS:
+        op = "move"  # a pause is a move's victim: its steps are what a former leader redoes
     delay = round(rng.uniform(0, 3), 2)
     c.activation, c.last_op = "", ""
     done = await getattr(c, op)(rng)
     op = c.last_op or op
     if op == "move":  # its steps span seconds: a crash may come in any of them
         delay = round(delay * 5, 2)
-    what = f"run {run} (seed {SEED}): {op}, {victim} killed after {delay}s"
+    hit = "topolvm-controller paused" if victim == "pause" else f"{victim} killed"
+    what = f"run {run} (seed {SEED}): {op}, {hit} after {delay}s"
     await asyncio.sleep(delay)
     t0 = time.monotonic()
     # on this thread: a daemon restarted from a worker thread would die with it
     # (PR_SET_PDEATHSIG follows the starting thread), at the end of this module's event loop
-    c.crash(victim)
+    if victim == "pause":
+        await c.pause()
+    else:
+        c.crash(victim)
     c.runs[f"{op}/{victim}"] += 1
 
     def logs() -> str:
@@ -395,6 +424,31 @@ async def test_crash_at_a_random_point(campaign: Campaign, run: int) -> None:
         await c.verify_data()
     except (AssertionError, TimeoutError) as exc:
         raise AssertionError(f"{what}: {exc}") from exc
+    finally:
+        c.replica.stop()  # the pause's second controller, if it ran
     c.recovery.append(time.monotonic() - t0)
     c.slowest = max(c.slowest, (c.recovery[-1], what))
     print(f"{what}: recovered in {c.recovery[-1]:.1f}s")
+
+
+@pytest.mark.parametrize("interleaving", range(FENCE_RUNS))
+async def test_two_controllers_drive_the_same_moves_and_delete_no_bound_volume(
+    campaign: Campaign, interleaving: int
+) -> None:
+    """topolvm-controller and a second one both drive every move (leader election off in
+    both, as the chart now refuses; or a former leader that wakes); in each seeded
+    interleaving one of them is SIGSTOPped mid-step and continued (tests/move_fencing_helpers
+    .fenced_move). Every move ends Succeeded or RolledBack, the pod reads its data back where
+    it runs, no bound PV or LogicalVolume is deleted, and the move's leftovers are gone. The
+    second controller runs on until the campaign ends."""
+    c = campaign
+    c.replica.start()
+    child = c.replica.child
+    assert child is not None
+    controllers = {"leader": controller_of(c.driver), "second": child}
+    # each interleaving pauses in another step, in a seeded order
+    at = random.Random(f"{SEED}:fence").sample(MovePhase.ORDER[1:-1], 5)[interleaving % 5]
+    rng = random.Random(f"{SEED}:fence:{interleaving}")
+    t0 = time.monotonic()
+    line = await fenced_move(c.s, c.node, c.other, c.sc["thin"], controllers, at, rng)
+    print(f"fencing {interleaving} (seed {SEED}): {line}; {time.monotonic() - t0:.0f}s")

@@ -21,6 +21,7 @@ from lightkube.resources.core_v1 import Node, Pod
 
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import DriverStack
+from devtools.testbed.process import HarnessError
 from devtools.testbed.umlnode import UmlNode
 from tests.cluster_fixtures import unique
 from tests.doctor_helpers import about, doctor
@@ -31,6 +32,7 @@ from tests.move_helpers import (
     budget,
     check_log,
     delete_move,
+    lvs_accounted,
     move_done,
     move_webhook,
     moves_now,
@@ -57,7 +59,7 @@ from topolvm.k8s.moveobject import MovePhase, VolumeMoveObject
 pytestmark = pytest.mark.cluster
 
 
-MOVE_STEPS = MovePhase.ORDER[1:-1]  # PreCopy ... Starting: between Pending and Succeeded
+MOVE_STEPS = MovePhase.ORDER[1:-1]  # PreCopy ... Verifying: between Pending and Succeeded
 
 
 def _pool(node: UmlNode) -> None:
@@ -117,6 +119,7 @@ async def test_a_thin_snapshot_restores_on_another_node_sending_only_its_blocks(
     # the mapped blocks: the data written, the filesystem's metadata and log; not the GiB
     assert 96 * MiB <= sent <= 0.2 * GiB, sent
     assert target.copy.transferred_bytes == sent
+    await lvs_accounted(s, "the restore")
 
 
 async def test_a_thick_volume_snapshots_and_restores_on_another_node(abc: Scenario) -> None:
@@ -157,6 +160,7 @@ async def test_a_thick_volume_snapshots_and_restores_on_another_node(abc: Scenar
     target = await logical_volume_of(s, published.volume_id)
     assert target.node_name == b.name and target.copy is not None
     assert target.copy.source_node == a.name
+    await lvs_accounted(s, "the thick snapshot's restore")
 
 
 async def test_thin_and_thick_claims_clone_onto_another_node(abc: Scenario) -> None:
@@ -182,6 +186,7 @@ async def test_thin_and_thick_claims_clone_onto_another_node(abc: Scenario) -> N
         lv = await logical_volume_of(s, p.volume_id)
         assert lv.node_name == b.name and lv.copy is not None and lv.copy.source_node == a.name
     assert not any(k.startswith("cut.") for k in a.lvs("vg1"))
+    await lvs_accounted(s, "the clones")
 
 
 async def test_doctor_names_the_source_node_a_claim_waits_for(abc: Scenario) -> None:
@@ -227,6 +232,7 @@ async def test_doctor_names_the_source_node_a_claim_waits_for(abc: Scenario) -> 
     assert read_sums(s, reader, restored).replace(restored, src) == sums
     _, doc = await doctor(s.cp, "-n", "default")
     assert about(doc, "copy-progress", restored) == []
+    await lvs_accounted(s, "the restore")
 
 
 @contextlib.contextmanager
@@ -303,9 +309,9 @@ async def test_a_move_survives_crashes_at_every_step(abc: Scenario, driver: Driv
 
 async def test_a_move_survives_a_power_cut_of_its_target_at_every_step(abc: Scenario) -> None:
     """The target node loses power in every step of the move, once in each (the pre-copy it
-    receives, the pod stopping, the final copy, the swap, the pod starting on it): each time it
-    boots again (its kubelet, containerd and topolvm-node with it), the move goes on from where
-    it was, and the pod runs on the target with every write."""
+    receives, the pod stopping, the final copy, the swap, the pod starting on it, the
+    verification): each time it boots again (its kubelet, containerd and topolvm-node with it),
+    the move goes on from where it was, and the pod runs on the target with every write."""
     s = abc
     async with _writer(s) as w:
         target = next(n for n in s.nodes if n.name == w.target)
@@ -332,6 +338,8 @@ async def test_a_move_survives_a_power_cut_of_its_target_at_every_step(abc: Scen
         # every step but one that passed while the node was booting (the swap is quick)
         assert len(cuts) >= 3, cuts
         print(f"power cuts of the target: {cuts}")
+        # the last cut may land in Verifying: the move ends while the node's kubelet starts
+        await eventually(f"pod {w.pod} answers on {target.name}", partial(_answers, s, w.pod), 180)
         await w.check(vm)
 
 
@@ -408,6 +416,7 @@ async def test_a_drain_moves_every_claim_within_the_disruption_budget(abc: Scena
                 assert obj is not None and obj["spec"]["nodeName"] != drained.name
             node = await api.get(s.client, Node, drained.name)
             assert node is not None and node["spec"].get("unschedulable") is True
+            await lvs_accounted(s, "the drain")
         finally:
             s.cp.kubectl("uncordon", drained.name, check=False)
             s.cp.kubectl("delete", "statefulset", pair, single, "-n", NS, "--wait=true",
@@ -456,6 +465,7 @@ class _Writer:
         for done in (vm, logs) if logs is not None else (vm,):
             old = done.status.source_volume
             await eventually(f"the old LogicalVolume {old} gone", partial(_gone, s, res, old))
+        await lvs_accounted(s, "the move")
 
 
 @contextlib.asynccontextmanager
@@ -479,6 +489,88 @@ async def _writer(s: Scenario, logs: bool = False) -> AsyncIterator[_Writer]:
 
 async def _gone(s: Scenario, res: Any, name: str) -> bool:
     return await api.get(s.client, res, name) is None
+
+
+async def test_a_move_waits_until_a_force_deleted_pods_writer_stops(abc: Scenario) -> None:
+    """The source node's kubelet is stopped (its container writes on) and the moved pod's
+    object force-deleted: the final copy waits, its message and topolvm doctor saying the
+    volume is still open on that node, and the move does not swap while the writer writes.
+    The kubelet started again stops the orphaned container and unmounts the volume; the move
+    ends with every line the writer wrote, also after its pod object was gone, on the target."""
+    s = abc
+    async with _writer(s) as w:
+        source = next(n for n in s.nodes if n.name == w.source)
+        claimed = await pvc(s.client, w.claim)
+        assert claimed is not None
+        pv = claimed["spec"]["volumeName"]
+        source.signal("kubelet", "SIGTERM", wait=30)  # its containers run on
+        try:
+            await start_move(s.client, w.claim, w.target)
+
+            async def deleting() -> bool:  # Stopping: no kubelet confirms the pod's end
+                obj = await api.get(s.client, Pod, w.pod, namespace=NS)
+                return obj is not None and bool(obj["metadata"].get("deletionTimestamp"))
+
+            await eventually("the pod being deleted", deleting, timeout=180)
+            s.cp.kubectl("delete", "pod", w.pod, "-n", NS, "--force", "--grace-period=0")
+            gone_at = await _lines_on(source, pv)
+            vm = await _move(s.client, w.claim)
+            res = api.logicalvolume_resource(s.names)
+            still = f"is still open on node {source.name}"
+
+            async def waiting() -> str:
+                obj = await api.get(s.client, res, vm.status.target_volume) or {}
+                message = str(((obj.get("status") or {}).get("copy") or {}).get("message", ""))
+                return message if still in message else ""
+
+            message = await eventually("the final copy waiting for the source", waiting, 120)
+            assert message.startswith("waiting: refused (unavailable): the volume "), message
+            assert "mounted at /var/lib/kubelet/" in message, message
+            _, doc = await doctor(s.cp, "-n", NS)
+            [finding] = about(doc, "volume-move", w.claim)
+            assert finding["cause"].startswith(f"the volume is still open on node {source.name}")
+            for _ in range(10):  # no swap while it writes
+                assert (await _move(s.client, w.claim)).status.phase == MovePhase.FINAL_COPY
+                await asyncio.sleep(1)
+            written = await _lines_on(source, pv)
+            assert written > gone_at  # it wrote on after its pod object was gone
+        finally:
+            source.respawn("kubelet")  # it stops the orphaned container, unmounts the volume
+        vm = await move_done(s.client, w.claim)
+        assert vm.status.phase == MovePhase.SUCCEEDED, vm.status
+        await s.running(w.pod)
+        lines = s.exec(w.pod, "cat /data/log").strip().split("\n")
+        assert lines[:written] == [str(i) for i in range(written)], "an acknowledged write lost"
+        assert all(n == str(i) or n.startswith("stop ") for i, n in enumerate(lines)), lines[-5:]
+        await eventually(f"node {source.name} Ready again", partial(_ready, s, source.name), 120)
+
+
+async def _lines_on(node: UmlNode, pv: str) -> int:
+    """Lines of the writer's log, read on ``node`` through its pod's mount of ``pv``."""
+    script = (f"f=$(grep -m1 '/{pv}/mount ' /proc/mounts | cut -d' ' -f2); "
+              'test -n "$f" && wc -l < "$f/log"')  # fmt: skip
+    return int((await node.aexec("sh", "-c", script)).stdout)
+
+
+async def _move(client: AsyncClient, claim_name: str) -> VolumeMoveObject:
+    obj = await api.get(client, api.volumemove_resource(), claim_name, namespace=NS)
+    assert obj is not None
+    return VolumeMoveObject.from_dict(obj)
+
+
+async def _answers(s: Scenario, pod: str) -> bool:
+    """The pod's container runs a command (its node's kubelet serves ``exec`` again)."""
+    try:
+        s.exec(pod, "true")
+    except HarnessError:
+        return False
+    return True
+
+
+async def _ready(s: Scenario, name: str) -> bool:
+    node = await api.get(s.client, Node, name)
+    conditions = ((node or {}).get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
 # last: it powers node A off for good (the tests above need the three nodes)
@@ -519,3 +611,4 @@ async def test_a_snapshot_kept_on_another_node_outlives_its_node(abc: Scenario) 
     assert read_sums(s, reader, restored).replace(restored, src) == sums
     target = await logical_volume_of(s, published.volume_id)
     assert target.copy is not None and target.copy.source_node == c.name
+    await lvs_accounted(s, "the restore from node C")

@@ -2,8 +2,13 @@
 (docs/mobility.md): the receiving topolvm-node SIGKILLed, then the sending one, and the link
 between the nodes cut, each in the middle of a copy: the copy goes on from its last checkpoint
 (the bytes sent say it did not start over) and the data matches. The transfer port refuses
-what it must: no or a bad token, another ServiceAccount's, the right one on the wrong node, an
-unknown job, a finished one; and a source being copied is not deleted underneath the copy.
+what it must: no or a bad token, another ServiceAccount's, the right one on the wrong node, a
+token a node showed another node's port (caught by a stand-in node) and replayed, one of the
+audience all nodes used to share, an unknown job, a finished one; a copy goes on while hundreds
+of idle and garbage connections are open at its source's port; a node may make tokens only for
+itself and for transfer audiences, and none with credentials that name no node (the chart's
+rules, real API server, node.ownNodeOnly off); and a source being copied is not deleted
+underneath the copy.
 
 Copies are made as the controller makes them, as LogicalVolume objects (the claims' path is
 tests/test_cluster_transfer.py), and slowed by the nodes' bandwidth cap so a fault lands in
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -23,7 +29,7 @@ import pytest
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node
 
-from devtools.testbed.controlplane import ControlPlane
+from devtools.testbed.controlplane import TRANSFER_ACCOUNT, ControlPlane, host_address
 from devtools.testbed.driver import DriverStack
 from devtools.testbed.umlnode import UmlNode
 from tests.cluster_fixtures import unique
@@ -31,13 +37,24 @@ from tests.helpers import eventually
 from tests.lvm_fixtures import THICK
 from tests.provisioning import shared_nodes
 from tests.transfer_helpers import MiB, metric
+from tests.transfer_port_helpers import Crowd
+from tests.transfer_token_helpers import (
+    admin_review,
+    as_account,
+    node_pod,
+    review,
+    stand_in_node,
+    token_rules,
+)
 from topolvm.constants import NORMAL
 from topolvm.k8s import api
 from topolvm.k8s.lvobject import LogicalVolumeObject
 from topolvm.proto import csi_pb2 as csi
 from topolvm.proto import csi_pb2_grpc as csi_grpc
 from topolvm.transfer import client, messages
+from topolvm.transfer.auth import LEGACY_AUDIENCE, NODE_NAME_KEY, audience
 from topolvm.transfer.errors import ConnectionLost, Refused
+from topolvm.transfer.server import HANDSHAKE_TIMEOUT
 
 pytestmark = pytest.mark.cluster
 
@@ -112,15 +129,24 @@ def _digest(node: UmlNode, uid: str) -> str:
     return out.split()[0]
 
 
-async def _copying(client: AsyncClient, name: str, past: int = 1) -> LogicalVolumeObject:
+async def _copying(
+    client: AsyncClient, name: str, past: int = 1, nodes: list[UmlNode] | None = None
+) -> LogicalVolumeObject:
     """Once the copy of ``name`` persisted a checkpoint at ``past`` bytes or more."""
+    seen: list[LogicalVolumeObject | None] = [None]
 
     async def check() -> LogicalVolumeObject | None:
-        lv = await _get(client, name)
+        lv = seen[0] = await _get(client, name)
         cp = None if lv is None else lv.copy
         return lv if cp is not None and cp.checkpoint_offset >= past else None
 
-    result: LogicalVolumeObject = await eventually(f"{name} past {past}", check, timeout=120)
+    def details() -> str:  # what the copy says, and the nodes' logs
+        logs = "\n".join(f"{n.name}:\n{n.node_log(lines=25)}" for n in nodes or [])
+        return f"copy status: {seen[0] and seen[0].copy}\n{logs}"
+
+    result: LogicalVolumeObject = await eventually(
+        f"{name} past {past}", check, timeout=120, details=details
+    )
     return result
 
 
@@ -216,7 +242,7 @@ async def test_the_transfer_port_refuses_what_it_must(
     cp = control_plane
     src = await _source(cp, cluster_client, a, lvs)
     target = await _copy(cp, src, b, lvs)
-    lv = await _copying(cluster_client, target, past=1)
+    lv = await _copying(cluster_client, target, past=1, nodes=pair)
     endpoint = await _endpoint(cluster_client, a)
 
     def ask(token: str, job: str = target, uid: str = lv.uid) -> None:
@@ -224,7 +250,7 @@ async def test_the_transfer_port_refuses_what_it_must(
         client.receive(endpoint, hello, _nowhere(), lambda c: None, lambda *x: None,
                        threading.Event(), 10.0)  # fmt: skip
 
-    def token(account: str, namespace: str, node: str, audience: str = "topolvm-transfer") -> str:
+    def token(account: str, namespace: str, node: str, audience: str = audience(a.name)) -> str:
         bound = ["--bound-object-kind=Node", f"--bound-object-name={node}"]
         argv = ["create", "token", account, "-n", namespace, f"--audience={audience}", *bound]
         return cp.kubectl(*argv).strip()
@@ -233,10 +259,14 @@ async def test_the_transfer_port_refuses_what_it_must(
     cases = [
         ("not-a-token", {}, "unauthenticated"),
         (token("topolvm-node", "topolvm-system", b.name, audience="api"), {}, "unauthenticated"),
-        (token("default", "default", b.name), {}, "forbidden"),  # another ServiceAccount
         (token("topolvm-node", "topolvm-system", a.name), {}, "forbidden"),  # the wrong node
+        # the audience every node used to share (an older release's receiver): refused, saying so
+        (token("topolvm-node", "topolvm-system", b.name, LEGACY_AUDIENCE), {}, "unauthenticated"),
         (node_b, {"job": "no-such-volume"}, "unknown-job"),
         (node_b, {"uid": "0b4f5c7e-1111-4222-8333-123456789abc"}, "unknown-job"),
+        (token("default", "default", b.name), {}, "forbidden"),  # another ServiceAccount
+        # ... which a review refused: this address gets no review for a while, for any token
+        (token("topolvm-node", "topolvm-system", b.name), {}, "busy"),
     ]
     for tok, kw, reason in cases:
         with pytest.raises(Refused) as refused:
@@ -259,6 +289,21 @@ async def test_the_transfer_port_refuses_what_it_must(
     assert refusal.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "source of a copy in progress" in (refusal.value.details() or "")
     cp.kubectl("delete", "logicalvolumes.topolvm.io", src, "--wait=false")
+
+    # relaying: the token node b showed another node's port (a stand-in, whose port is this
+    # test's), a real one made by b's topolvm-node with TokenRequest, good at that port only,
+    # replayed at a's port for b's running copy: refused, and the copy is not disturbed
+    before = await _get(cluster_client, target)
+    async with stand_in_node(cp, b, lvs, _lv_object) as (other, shown):
+        relayed = await asyncio.wait_for(shown, 120)
+    said = await review(cluster_client, relayed, audience(other))
+    assert said.get("authenticated") and said["user"]["extra"][NODE_NAME_KEY] == [b.name], said
+    with pytest.raises(Refused, match="made for another node's transfer port") as refused:
+        await asyncio.to_thread(ask, relayed)
+    assert refused.value.reason == "unauthenticated"
+    after = await _get(cluster_client, target)
+    assert before is not None and before.copy is not None and after is not None
+    assert after.copy is not None and after.copy.attempts == before.copy.attempts
     done = await _done(cluster_client, target, pair)
     assert _digest(b, done.volume_id) == source_digest
 
@@ -271,6 +316,93 @@ async def test_the_transfer_port_refuses_what_it_must(
         await asyncio.to_thread(ask, node_b)
     assert replayed.value.reason == "replayed"
     assert metric(a, "topolvm_transfer_refusals_total", reason="forbidden") >= 2
+
+
+async def test_a_copy_goes_on_while_its_source_port_is_crowded(
+    control_plane: ControlPlane, pair: list[UmlNode], cluster_client: AsyncClient,
+    lvs: list[str],
+) -> None:  # fmt: skip
+    """Issue 39: 200 idle and 200 garbage connections at the source's port while a copy runs:
+    the copy finishes with the source's data, and the idle ones are closed within the deadline
+    that runs from accept (most at once: one address may connect only so often)."""
+    a, b = pair
+    src = await _source(control_plane, cluster_client, a, lvs)
+    target = await _copy(control_plane, src, b, lvs)
+    started = await _copying(cluster_client, target, past=1, nodes=pair)
+    endpoint = await _endpoint(cluster_client, a)
+    assert started.copy is not None
+    dropped = "topolvm_transfer_connections_dropped_total"
+    before = {r: metric(a, dropped, reason=r) for r in ("peer-limit", "handshake", "rate")}
+    # a crowd at a's port while the copy runs: 200 idle connections from the host's address
+    # on a's link (a's port holds 8 of them until the deadline, closes the rest at once: past
+    # the address's rate at accept, or its oldest waiting one) and 200 garbage ones, again and
+    # again, from its address on b's link
+    idle, garbage = [host_address(a.index)] * 200, [host_address(b.index)] * 200
+    async with Crowd(endpoint, idle, garbage) as crowd:
+        await _copying(cluster_client, target, past=(started.copy.checkpoint_offset + 8 * MiB))
+    assert len(crowd.lived) == 200 and max(crowd.lived) < HANDSHAKE_TIMEOUT + 3, crowd.lived
+    assert crowd.garbage_sent >= 200
+    done = await _done(cluster_client, target, pair)
+    source = await _get(cluster_client, src)
+    assert source is not None and _digest(b, done.volume_id) == _digest(a, source.volume_id)
+    closed_at_once = sum(metric(a, dropped, reason=r) - before[r] for r in ("peer-limit", "rate"))
+    assert closed_at_once >= 192 + 50, closed_at_once  # the idle crowd's, and garbage's
+    assert metric(a, dropped, reason="handshake") - before["handshake"] >= 10
+
+
+async def test_a_node_makes_tokens_only_for_itself_and_for_transfer_audiences(
+    control_plane: ControlPlane, pair: list[UmlNode]
+) -> None:
+    """The chart's rules for the tokens topolvm-node makes (its Role and the policy rendered
+    with it), on the real API server, with node.ownNodeOnly off: as its pod on node b, it may
+    make a token bound to that pod, or to Node b, for a transfer audience; not one bound to
+    another node's pod or Node (which would name that node), not one for the API server, no
+    token of another account, and none at all with credentials that name no node (a token of
+    its account bound to nothing)."""
+    a, b = pair
+    cp = control_plane
+    namespace, account = TRANSFER_ACCOUNT
+    mine, theirs = unique("node-pod"), unique("node-pod")
+    cp.apply(node_pod(mine, b.name), node_pod(theirs, a.name))
+    try:
+        uid = json.loads(cp.kubectl("get", "pod", mine, "-n", namespace, "-o", "json"))
+        bound = [f"--bound-object-name={mine}", f"--bound-object-uid={uid['metadata']['uid']}"]
+        pod_token = cp.kubectl("create", "token", account, "-n", namespace,
+                               "--bound-object-kind=Pod", *bound).strip()  # fmt: skip
+        with token_rules(cp):
+            as_pod = as_account(cp, pod_token, mine)
+
+            def make(kind: str, name: str, aud: str, who: str = account) -> Any:
+                bind = [f"--bound-object-kind={kind}", f"--bound-object-name={name}"]
+                return as_pod("create", "token", who, "-n", namespace, f"--audience={aud}", *bind)
+
+            async def denied_other_pod() -> bool:  # the policy takes a moment to apply
+                res = make("Pod", theirs, audience(a.name))
+                return res.returncode != 0 and "may make tokens bound to its own pod" in res.stderr
+
+            await eventually("the policy denies another pod's binding", denied_other_pod, 60)
+            for kind, name in (("Pod", mine), ("Node", b.name)):
+                made = make(kind, name, audience(a.name))
+                assert made.returncode == 0, made.stderr
+                said = admin_review(cp, made.stdout.strip(), audience(a.name))
+                assert said["user"]["extra"][NODE_NAME_KEY] == [b.name], said
+            for kind, name, aud in (("Node", a.name, audience(a.name)),
+                                    ("Pod", mine, "https://kubernetes.default.svc")):  # fmt: skip
+                refused = make(kind, name, aud)
+                assert refused.returncode != 0, (kind, name, aud)
+                assert "may make tokens bound to its own pod" in refused.stderr, refused.stderr
+            other = make("Pod", mine, audience(a.name), who="default")
+            assert other.returncode != 0 and "forbidden" in other.stderr.lower(), other.stderr
+            unbound = cp.kubectl("create", "token", account, "-n", namespace).strip()
+            as_nobody = as_account(cp, unbound, "unbound")
+            for kind, name in (("Node", b.name), ("Pod", mine)):
+                bind = [f"--bound-object-kind={kind}", f"--bound-object-name={name}"]
+                refused = as_nobody("create", "token", account, "-n", namespace,
+                                    f"--audience={audience(a.name)}", *bind)  # fmt: skip
+                assert refused.returncode != 0, (kind, refused.stdout)
+                assert "credentials that name its node" in refused.stderr, refused.stderr
+    finally:
+        cp.kubectl("delete", "pod", mine, theirs, "-n", namespace, "--wait=false", check=False)
 
 
 async def _endpoint(client_: AsyncClient, node: UmlNode) -> client.Endpoint:

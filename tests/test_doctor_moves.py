@@ -312,3 +312,131 @@ def test_a_registered_typed_model_of_a_core_kind_does_not_stop_collect(
     res = collect_mod._resource("nodes")
     assert issubclass(res, GenericGlobalResource)
     assert res._api_info.plural == "nodes"
+
+
+def test_stuck_in_the_final_copy_because_the_source_is_still_open() -> None:
+    """A pod force-deleted on a node cut off may still write: the final cut waits, and doctor
+    names the node where the volume is still open."""
+    f = one(
+        s.volume_move("data", "FinalCopy", stopTime=ago(12)),
+        target("data", "Pending", "waiting: refused (unavailable): the volume pvc-data-old is "
+               "still open on node w1 (mounted at /var/lib/kubelet/pods/u/volumes/kubernetes.io~"
+               "csi/pv-1/mount; open count 2): the final cut waits until its workload stops; next "
+               "try in 60s", rate=0),
+        moved_pod("data", "Pending", gate="topolvm.io/move"),
+    )  # fmt: skip
+    assert f.severity is Severity.ERROR
+    assert f.title.startswith("move of claim app/data is stuck at step FinalCopy for 12 min")
+    assert f.cause == (
+        "the volume is still open on node w1: pvc-data-old (mounted at /var/lib/kubelet/pods/u/"
+        "volumes/kubernetes.io~csi/pv-1/mount; open count 2); the final copy waits until "
+        "nothing uses it"
+    )
+    assert f.fixes[0].summary.startswith("A pod whose object was deleted may still run on node w1")
+    assert "Start node w1's kubelet again" in f.fixes[0].summary
+    assert f.fixes[0].commands[0] == "kubectl get node w1"
+
+
+def test_a_source_still_open_is_named_at_once_not_only_when_stuck() -> None:
+    f = one(
+        s.volume_move("data", "FinalCopy", "pod app/data-pod stopped; copying what changed",
+                      stopTime=ago(1)),
+        target("data", "Pending", "waiting: refused (unavailable): the volume pvc-data-old is "
+               "still open on node w1 (open count 1): the final cut waits until its workload "
+               "stops; next try in 8s", rate=0),
+    )  # fmt: skip
+    assert f.severity is Severity.WARNING and "is being moved" in f.title
+    assert f.cause.startswith("the volume is still open on node w1: pvc-data-old (open count 1)")
+    assert f.fixes[0].summary.startswith("A pod whose object was deleted may still run on node w1")
+
+
+# -- verification (docs/mobility.md, "Verified before the source goes") --------------------
+
+
+def verifying(name: str, node: str, **verify: Any) -> tuple[str, Obj]:
+    """A LogicalVolume on ``node`` whose ``status.verify`` answers move ``move-data``."""
+    _, lv = s.lv(name, node)
+    lv["status"] = {"volumeID": "x", "verify": {"id": "move-data", **verify}}
+    return "logicalvolumes", lv
+
+
+def unverified(reason: str, message: str) -> tuple[str, Obj]:
+    return s.volume_move(
+        "data", "Unverified", f"moved to node w2 (the pod runs there) but not verified: "
+        f"{message}; the old volume PV pv-old (...) is kept: see topolvm doctor",
+        reason=reason, oldVolumeName="pv-old", newVolumeName="move-data", oldVolume="Kept",
+        sourceDigest="ab12", targetDigest="ff00" if reason == "DigestMismatch" else "",
+        completionTime=ago(30),
+        conditions=[{"type": "Verified", "status": "False", "reason": reason,
+                     "message": message}],
+    )  # fmt: skip
+
+
+def test_a_move_that_did_not_verify_names_the_kept_volume_and_the_ways_out() -> None:
+    f = one(
+        unverified("DigestMismatch", "differs"),
+        verifying("pvc-data-old", "w1", phase="Done", digest="ab12", sizeBytes=GiB),
+        verifying("pvc-data-new", "w2", phase="Done", digest="ff00", sizeBytes=GiB),
+        ("pvs", {"metadata": {"name": "pv-old"}, "spec": {}}),
+    )  # fmt: skip
+    assert f.severity is Severity.ERROR
+    assert f.title == ("move of claim app/data from node w1 to node w2 is not verified "
+                       "(DigestMismatch): the old volume pv-old is kept")  # fmt: skip
+    assert f.cause.startswith("the digest of the moved volume as of the swap differs from the "
+                              "old volume's (source ab12, target ff00)")  # fmt: skip
+    assert (f"source LogicalVolume pvc-data-old on node w1: status.verify phase=Done, "
+            f"digest=ab12, sizeBytes={GiB}") in f.evidence  # fmt: skip
+    assert "old PersistentVolume pv-old: present (Retain)" in f.evidence
+    back, keep = f.fixes  # a mismatch: the old data first
+    assert back.summary.startswith("To go back to the old data (node w1, as of the swap")
+    assert back.commands[0] == "kubectl scale -n app statefulset/vault --replicas=0"
+    assert "kubectl patch pv pv-old --type json -p " \
+        "'[{\"op\":\"remove\",\"path\":\"/spec/claimRef\"}]'" in back.commands  # fmt: skip
+    assert keep.commands[:2] == (
+        "kubectl delete pv pv-old",
+        "kubectl delete logicalvolumes.topolvm.io pvc-data-old",
+    )
+
+
+def test_a_verification_that_failed_suggests_keeping_the_moved_data_first() -> None:
+    f = one(unverified("VerifyFailed", "the source volume could not be digested: overflowed"))
+    assert "(VerifyFailed)" in f.title
+    assert f.cause == ("the copy could not be verified: the source volume could not be "
+                       "digested: overflowed")  # fmt: skip
+    assert f.fixes[0].summary.startswith("If the application's data on node w2 is right")
+
+
+def test_a_move_verifying_with_its_pod_running_is_not_stuck() -> None:
+    f = one(
+        s.volume_move("data", "Verifying", "pod data-pod runs on node w2; verifying the copy"),
+        verifying("pvc-data-old", "w1", phase="Cut"),
+        verifying("pvc-data-new", "w2", phase="Done", digest="ab12", sizeBytes=GiB),
+    )  # fmt: skip
+    assert f.severity is Severity.WARNING
+    assert "step Verifying (the pod runs on the target; both volumes' digests" in f.title
+    assert "source LogicalVolume pvc-data-old on node w1: status.verify phase=Cut" in f.evidence
+
+
+def test_a_verification_waiting_for_a_node_that_does_not_run_is_stuck() -> None:
+    f = one(
+        s.volume_move("data", "Verifying", "pod data-pod runs on node w2; verifying the copy"),
+        verifying("pvc-data-old", "w1", phase="Cut"),
+        verifying("pvc-data-new", "w2", phase="Done", digest="ab12", sizeBytes=GiB),
+        s.pod("node-w1", ns="topolvm-system", node_name="w1", phase="Pending",
+              container="topolvm-node"),
+        s.pod("node-w2", ns="topolvm-system", node_name="w2", phase="Running",
+              container="topolvm-node"),
+    )  # fmt: skip
+    assert f.severity is Severity.ERROR and "stuck at step Verifying" in f.title
+    assert f.cause.startswith("the move waits for node w1 to digest its volume for the "
+                              "verification and topolvm-node does not run there")  # fmt: skip
+    assert f.fixes[0].commands == ("kubectl logs -n topolvm-system node-w1 -c topolvm-node",)
+
+
+def test_a_move_starting_names_the_node_that_has_not_cut_its_target() -> None:
+    f = one(s.volume_move("data", "Starting", "waiting for node w2 to cut the target volume",
+                          stopTime=ago(20), swapTime=ago(10)),
+            verifying("pvc-data-new", "w2", phase="Pending", message="waiting: lvmd"))  # fmt: skip
+    assert f.severity is Severity.ERROR
+    assert f.cause.startswith("the move waits for node w2 to cut the target volume for the "
+                              "verification")  # fmt: skip

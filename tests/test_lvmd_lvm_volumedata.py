@@ -5,14 +5,17 @@ volume's device, size and chunk (DescribeLV); a thin volume's mapped blocks from
 metadata snapshot (ThinMappings), also after a reservation was left behind; a thin volume
 discarded reads as zeros again; where a thin snapshot maps other blocks than an older one
 (ThinDelta): exactly the chunks written between them; and where two thick cuts of one origin
-differ (CowDelta, from their exception tables): the same."""
+differ (CowDelta, from their exception tables): the same; and who holds a volume open
+(OpenState: opened, mounted, stacked on, or nothing)."""
 
 # ruff: noqa: F811  (fixtures imported from tests.lvmd_lvm_helpers are parameters here)
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+from pathlib import Path
 
 import grpc
 import pytest
@@ -250,3 +253,54 @@ def _run(*argv: str) -> str:
 
 async def _all(stream: object) -> list[vd.ThinMappingsResponse]:
     return [m async for m in stream]  # type: ignore[attr-defined]
+
+
+async def test_open_state_says_who_holds_a_volume_open(both: LvmdClient, tmp_path: Path) -> None:
+    """OpenState (a move's final cut waits for it): device-mapper's open count of the LV, the
+    mount points of a filesystem on it, and a device stacked on it; a COW cut of a thick
+    volume does not count as opening it; an inactive LV is held by nothing."""
+    await both.lv.CreateLV(pb.CreateLVRequest(name="k", size_bytes=64 * MiB))
+
+    async def state(name: str = "k", dc: str = "") -> vd.OpenStateResponse:
+        return await both.data.OpenState(vd.OpenStateRequest(name=name, device_class=dc))
+
+    closed = await state()
+    assert closed.active and closed.open_count == 0 and not closed.mounts and not closed.holders
+    fd = os.open("/dev/vg1/k", os.O_RDONLY)
+    try:
+        held = await state()
+        assert held.open_count == 1 and not held.mounts
+    finally:
+        os.close(fd)
+    _run("mkfs.ext4", "-q", "/dev/vg1/k")
+    where = tmp_path / "mnt point"
+    where.mkdir()
+    _run("mount", "/dev/vg1/k", str(where))
+    try:
+        mounted = await state()
+        assert mounted.open_count >= 1 and list(mounted.mounts) == [str(where)]
+        await both.data.CreateCut(vd.CreateCutRequest(name="k-cut", source_volume="k",
+                                                      tags=["topolvm/cut"]))  # fmt: skip
+        assert (await state()).open_count == mounted.open_count  # the cut opens "-real" only
+    finally:
+        _run("umount", str(where))
+    assert (await state()).open_count == 0
+    await both.lv.RemoveLV(pb.RemoveLVRequest(name="k-cut"))
+
+    _run("dmsetup", "create", "k-on-top", "--table", f"0 {64 * MiB // 512} linear /dev/vg1/k 0")
+    try:
+        stacked = await state()
+        assert stacked.open_count == 1 and list(stacked.holders) == ["k-on-top"]
+    finally:
+        _run("dmsetup", "remove", "k-on-top")
+
+    await both.lv.CreateLV(pb.CreateLVRequest(name="t", device_class="thin", size_bytes=64 * MiB))
+    lvm("lvchange", "-an", "vg1/t")
+    inactive = await state("t", "thin")
+    assert not inactive.active and inactive.open_count == 0
+    code, _ = await code_of(state("nope"))
+    assert code == grpc.StatusCode.NOT_FOUND
+    code, _ = await code_of(state("--all"))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    code, _ = await code_of(state("k", "nvme"))
+    assert code == grpc.StatusCode.NOT_FOUND

@@ -309,3 +309,13 @@ async def test_a_pods_claims_are_drained_together(
         "data-web-0": {"claim": "data-web-0", "targetNode": "n2", "together": ["logs-web-0"]},
         "logs-web-0": {"claim": "logs-web-0", "targetNode": "n2", "together": ["data-web-0"]},
     }
+
+
+async def test_keep_source_is_asked_of_every_move_of_the_drain(
+    emu: KubeEmulator, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seed(emu)
+    argv = ["drain", "n1", "--keep-source", "10m", "--timeout", "2s", "--kubeconfig", kubeconfig]
+    assert await run_cli(*argv) == 1  # nothing moves it here: not done in time
+    [move] = emu.list("volumemoves")
+    assert move["spec"]["keepSourceSeconds"] == 600, capsys.readouterr().out

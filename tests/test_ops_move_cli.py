@@ -48,7 +48,7 @@ def node(name: str, free: int | None, ready: bool = True, cordoned: bool = False
 def claim(name: str, volume: str = "", phase: str = "Bound") -> Obj:
     return {
         "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-        "metadata": {"name": name, "namespace": NS},
+        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}"},
         "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "topolvm",
                  "volumeName": volume},
         "status": {"phase": phase},
@@ -60,7 +60,7 @@ def volume(name: str, claim_name: str, on: str, handle: str) -> Obj:
         "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
         "spec": {
             "csi": {"driver": "topolvm.io", "volumeHandle": handle},
-            "claimRef": {"namespace": NS, "name": claim_name},
+            "claimRef": {"namespace": NS, "name": claim_name, "uid": f"uid-{claim_name}"},
             "capacity": {"storage": "1Gi"},
             "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
                 {"key": "topology.topolvm.io/node", "operator": "In", "values": [on]}]}]}},

@@ -1,8 +1,9 @@
 """Seeded fuzzing (hypothesis) of what reaches the transfer port and its receiver from the
 network (docs/mobility.md): frames of any shape, streams with one record dropped, repeated,
-moved or flipped, resume requests, HELLOs, and TokenReview answers. The property is the one of
-tests/test_unit_fuzz.py: a clear, typed error or a correct result; never another exception,
-never a byte written outside the target, never a copy reported done with other data.
+moved or flipped, resume requests, HELLOs, tokens (nested deep, too long) and TokenReview
+answers. The property is the one of tests/test_unit_fuzz.py: a clear, typed error or a correct
+result; never another exception, never a byte written outside the target, never a copy
+reported done with other data.
 
 The receiver reads from a socket pair here (TLS has nothing to add to what is parsed); the
 sender is fuzzed over real TLS on loopback."""
@@ -10,6 +11,8 @@ sender is fuzzed over real TLS on loopback."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import os
 import random
 import socket
@@ -24,9 +27,11 @@ from hypothesis import strategies as st
 from tests.fuzz_helpers import fuzz as fuzz_settings
 from tests.fuzz_helpers import json_values
 from topolvm.transfer import auth, messages, pipeline, plan, server, wire
+from topolvm.transfer import resume as sender_memory
 from topolvm.transfer.blockio import Volume
 from topolvm.transfer.client import Outcome, _fill, connect
 from topolvm.transfer.conn import Conn
+from topolvm.transfer.door import PortLimits
 from topolvm.transfer.errors import ProtocolError, Refused, TransferError
 from topolvm.transfer.jobs import Job, Limits, VolumeInfo
 from topolvm.transfer.metrics import TransferMetrics
@@ -35,6 +40,7 @@ fuzz = fuzz_settings(200)
 SEG = wire.SEGMENT
 SIZE = 3 * SEG + 8192
 UID = "0b4f5c7e-1111-4222-8333-123456789abc"
+AUDIENCE = auth.audience("a")  # node a's port
 HELLO = messages.Hello(version=1, token="t", job="pvc-a", job_uid=UID)
 ACCEPT = messages.Accept(size=SIZE, offset=0, source_id="src", source="test")
 
@@ -166,9 +172,9 @@ def test_a_resume_request_goes_on_only_from_a_point_the_sender_can_vouch_for(
     resume = messages.Resume(offset=offset, digest=digest.hex(), source_id="src")
     memory = None
     if sent_until is not None:
-        memory = server.JobMemory("src", sent_until=sent_until)
+        memory = sender_memory.JobMemory("src", sent_until=sent_until)
         memory.passed(offset, bytes(32))  # what it computed there: not the receiver's digest
-    start, state, note = server._checked(resume, size, memory)
+    start, state, note = sender_memory.checked(resume, size, memory)
     if start:
         assert start == offset and start % SEG == 0 and start <= size and state == digest
         assert memory is None or (start <= memory.sent_until and digest == bytes(32))
@@ -180,8 +186,8 @@ def test_a_resume_request_goes_on_only_from_a_point_the_sender_can_vouch_for(
 @given(json_values | st.fixed_dictionaries({}, optional={
     "status": st.fixed_dictionaries({}, optional={
         "authenticated": st.booleans() | json_values,
-        "audiences": st.lists(st.sampled_from([auth.AUDIENCE, "api", ""]), max_size=2)
-        | json_values,
+        "audiences": st.lists(st.sampled_from([AUDIENCE, auth.LEGACY_AUDIENCE, "api", ""]),
+                              max_size=2) | json_values,
         "user": st.fixed_dictionaries({}, optional={
             "username": st.sampled_from(["system:serviceaccount:ns:node", "x", ""]) | json_values,
             "extra": st.dictionaries(st.sampled_from([auth.NODE_NAME_KEY, "other"]),
@@ -194,11 +200,38 @@ def test_a_token_review_answer_names_a_node_or_refuses(review: Any) -> None:
     if not isinstance(review, dict):
         review = {"status": review}
     try:
-        peer = auth.check_review(review, auth.AUDIENCE, {"system:serviceaccount:ns:node"})
+        peer = auth.check_review(review, AUDIENCE, {"system:serviceaccount:ns:node"})
     except Refused as r:
         assert r.reason in ("unauthenticated", "forbidden") and r.message
     else:
         assert peer.node and peer.username == "system:serviceaccount:ns:node"
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+@fuzz
+@given(st.text(max_size=200) | st.builds(
+    lambda aud, junk: ".".join([junk, _b64(json.dumps({"aud": aud}).encode()), junk]),
+    json_values | st.lists(st.sampled_from([AUDIENCE, auth.LEGACY_AUDIENCE,
+                                            auth.audience("b"), "api"]), max_size=3),
+    st.text(alphabet="abc", max_size=5),
+) | st.builds(  # nested deep, under and over the length bound: '[[[[…' or '{"aud": [[[…'
+    lambda depth, opener, prefix: f"x.{_b64(prefix + opener * depth)}.y",
+    st.integers(1, 60000), st.sampled_from([b"[", b'{"a":']),
+    st.sampled_from([b"", b'{"aud": ']),
+))  # fmt: skip
+def test_a_token_is_for_this_port_or_refused_before_any_review(token: str) -> None:
+    try:
+        auth.precheck(token, AUDIENCE)
+    except Refused as r:
+        assert r.reason == "unauthenticated" and r.message
+    else:
+        claims = auth.claims(token)
+        assert claims is not None and AUDIENCE in (
+            [claims["aud"]] if isinstance(claims["aud"], str) else claims["aud"]
+        )
 
 
 @fuzz
@@ -240,7 +273,9 @@ async def test_the_sender_survives_any_hello_and_still_serves(tmp_path: Path) ->
         return Job(UID, "pvc-a", "b", "src", "", "source")
 
     metrics = TransferMetrics(None, "a")
-    srv = server.TransferServer("a", authorise, _Volumes(str(src)), Limits(io_timeout=5), metrics)
+    often = PortLimits(connects_per_peer=1000, connect_burst=1000)  # one address asks it all
+    srv = server.TransferServer("a", authorise, _Volumes(str(src)), Limits(io_timeout=5), metrics,
+                                port=often)  # fmt: skip
     await srv.start("127.0.0.1", 0)
     endpoint = server_endpoint(srv)
     rng = random.Random(7)

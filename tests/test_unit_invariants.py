@@ -8,7 +8,16 @@ from typing import Any
 
 import pytest
 
-from tests.invariants import ClusterView, DeviceClass, Lv, NodeView, expected_capacity, violations
+from tests.invariants import (
+    ClusterView,
+    DeviceClass,
+    Lv,
+    NodeView,
+    expected_capacity,
+    unaccounted_lvs,
+    violations,
+    volume_violations,
+)
 
 GiB = 1 << 30
 THICK = DeviceClass("ssd", "vg1", spare=GiB)
@@ -138,3 +147,93 @@ def test_pvs_of_other_drivers_and_other_nodes_are_left_alone() -> None:
     view.pvs += [foreign, elsewhere, released]
     view.capacities.append(_csc("csisc-c", "someone-elses", "n1", 1))
     assert violations(view) == []
+
+
+SOURCE_UID, TARGET_UID = (
+    "0a1c2d3e-0000-4000-8000-00000000000a",
+    "0b1c2d3e-0000-4000-8000-00000000000b",
+)
+
+
+def _copying(round_: int = 1, done_round: int = 0, keep: bool = True, **meta: Any) -> ClusterView:
+    """n1 holds the source pvc-1; n2 the target of a copy from it (a move's with ``keep``),
+    whose copy reported Done for ``done_round`` (0: not yet)."""
+    view = healthy()
+    view.logical_volumes[0]["metadata"]["uid"] = SOURCE_UID
+    target = _lv_obj("move-1", TARGET_UID, "n2")
+    target["metadata"].update(uid=TARGET_UID, **meta)
+    target["spec"]["copy"] = {"source": "pvc-1", "round": round_, "keepCut": keep}
+    if done_round:
+        target["status"]["copy"] = {"phase": "Done", "round": done_round}
+    view.logical_volumes.append(target)
+    view.nodes["n2"] = NodeView("n2", {"vg1": {TARGET_UID: Lv(GiB, "-wi-a-----")}}, {})
+    return view
+
+
+def _with_cuts(view: ClusterView, *jobs: str) -> list[str]:
+    for job in jobs:
+        view.nodes["n1"].lvs["vg1"][f"cut.{job}"] = Lv(GiB, "swi-a-s---")
+    return unaccounted_lvs(view)
+
+
+@pytest.mark.parametrize(
+    ("state", "jobs"),
+    [
+        ({}, [TARGET_UID]),  # a pre-copy running
+        ({"done_round": 1}, [TARGET_UID]),  # a move's first cut, kept for its final copy
+        ({"round_": 2, "done_round": 1}, [TARGET_UID, f"{TARGET_UID}.r2"]),  # the final copy
+        ({"keep": False}, [TARGET_UID]),  # a clone's copy running
+    ],
+)
+def test_the_cuts_of_copies_still_running_are_accounted_for(
+    state: dict[str, Any], jobs: list[str]
+) -> None:
+    assert _with_cuts(_copying(**state), *jobs) == []
+
+
+@pytest.mark.parametrize(
+    ("state", "job"),
+    [
+        ({"round_": 2, "done_round": 2}, TARGET_UID),  # the move's final copy is done
+        ({"round_": 2, "done_round": 2}, f"{TARGET_UID}.r2"),
+        ({"done_round": 1, "keep": False}, TARGET_UID),  # a clone filled
+        ({"deletionTimestamp": "2026-12-01T00:00:00Z"}, TARGET_UID),  # rolled back
+        ({"done_round": 1}, f"{TARGET_UID}.r2"),  # no final copy asked yet
+        ({}, "0c1c2d3e-0000-4000-8000-00000000000c"),  # no such target
+    ],
+)
+def test_a_cut_whose_copy_ended_is_named(state: dict[str, Any], job: str) -> None:
+    found = _with_cuts(_copying(**state), job)
+    assert found == [f"LV vg1/cut.{job} on n1 has no LogicalVolume ({GiB} bytes; not a cut of "
+                     "a copy still running)"]  # fmt: skip
+
+
+def test_a_cut_on_another_node_than_the_copys_source_is_named() -> None:
+    view = _copying()
+    view.nodes["n2"].lvs["vg1"][f"cut.{TARGET_UID}"] = Lv(GiB, "swi-a-s---")
+    assert unaccounted_lvs(view) == [
+        f"LV vg1/cut.{TARGET_UID} on n2 has no LogicalVolume ({GiB} bytes; not a cut of a copy "
+        "still running)"
+    ]
+
+
+def test_a_verification_cut_counts_until_its_digest_is_reported() -> None:
+    view = healthy()
+    view.logical_volumes[0]["metadata"]["uid"] = SOURCE_UID
+    view.logical_volumes[0]["spec"]["verify"] = {"id": "v1"}
+    view.nodes["n1"].lvs["vg1"][f"verify.{SOURCE_UID}"] = Lv(GiB, "swi-a-s---")
+    assert unaccounted_lvs(view) == []
+    view.logical_volumes[0]["status"]["verify"] = {"id": "v1", "phase": "Done"}
+    assert len(unaccounted_lvs(view)) == 1
+
+
+def test_an_lv_its_node_creates_counts_by_the_logical_volumes_uid() -> None:
+    view = healthy()
+    view.logical_volumes[0]["metadata"]["uid"] = SOURCE_UID
+    del view.logical_volumes[0]["status"]
+    del view.nodes["n1"].lvs["vg1"][HANDLE]
+    view.nodes["n1"].lvs["vg1"][SOURCE_UID] = Lv(GiB, "-wi-a-----")
+    assert unaccounted_lvs(view) == []
+    assert volume_violations(view) == [
+        "LogicalVolume pvc-1 on n1 has no LV (status.volumeID unset)"
+    ]

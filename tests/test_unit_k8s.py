@@ -148,7 +148,7 @@ def test_crds_differ_only_in_group() -> None:
     # upstream's fields, and the copy that fills a volume from another (docs/mobility.md)
     assert set(schema["spec"]["properties"]) == {
         "name", "nodeName", "size", "deviceClass", "lvcreateOptionClass", "source", "accessType",
-        "copy",
+        "copy", "verify",
     }  # fmt: skip
     assert set(schema["status"]["properties"]) == {
         "volumeID",
@@ -156,6 +156,7 @@ def test_crds_differ_only_in_group() -> None:
         "message",
         "currentSize",
         "copy",
+        "verify",
     }
 
 

@@ -26,6 +26,7 @@ class FakeCuts:
         self.list_fails = list_fails
         self.overflowed = overflowed
         self.min_cow: dict[str, int] = {}
+        self.lvmd = FakeLvmd()  # the source is closed (tests/test_unit_source_open.py)
 
     async def ensure(self, job: str, source: str, dc: str, min_cow: int = 0) -> str:
         if not self.room:
@@ -127,6 +128,9 @@ class FakeLvmd:
     ) -> pb.CreateLVSnapshotResponse:
         self.calls.append(f"CreateLVSnapshot {request.name}")
         return pb.CreateLVSnapshotResponse()
+
+    async def open_state(self, name: str, device_class: str) -> vd.OpenStateResponse:
+        return vd.OpenStateResponse(active=True)
 
     async def describe_lv(
         self, name: str, device_class: str, with_uuid: bool = False, check_snapshot: bool = False

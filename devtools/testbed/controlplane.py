@@ -284,19 +284,16 @@ class ControlPlane:
 
     # --- access -------------------------------------------------------------------------
 
-    def transfer_token(self, node: str, duration: str = "12h") -> str:
-        """A token of topolvm-node's ServiceAccount (``topolvm-system/topolvm-node``, made if
-        missing) for the transfer audience, bound to ``node``'s Node object: what the chart's
-        projected volume gives topolvm-node, for a topolvm-node running as a guest process."""
+    def transfer_account(self) -> tuple[str, str]:
+        """topolvm-node's ServiceAccount (``topolvm-system/topolvm-node``, made if missing):
+        a topolvm-node running as a guest process makes its transfer tokens for it with
+        TokenRequest, bound to its Node, as the chart's pod makes them bound to itself."""
         namespace, account = TRANSFER_ACCOUNT
         if not self._transfer_account:
             self.kubectl("create", "namespace", namespace, check=False)
             self.kubectl("create", "serviceaccount", account, "-n", namespace, check=False)
             self._transfer_account = True
-        return self.kubectl(
-            "create", "token", account, "-n", namespace, "--audience=topolvm-transfer",
-            "--bound-object-kind=Node", f"--bound-object-name={node}", f"--duration={duration}",
-        ).strip()  # fmt: skip
+        return namespace, account
 
     def write_kubeconfig(
         self,

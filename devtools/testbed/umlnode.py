@@ -25,7 +25,6 @@ import yaml
 from devtools import uml
 from devtools.testbed.controlplane import (
     API_PORT,
-    TRANSFER_ACCOUNT,
     ControlPlane,
     guest_address,
     host_address,
@@ -349,14 +348,12 @@ class UmlNode:
             lvmd = [f"--lvmd-socket={lvmd_socket}"]
         else:
             lvmd = ["--embed-lvmd", f"--config={self._config(name, device_classes)}"]
-        # the transfer port (docs/mobility.md): reached at the guest's address, the token the
-        # chart would mount, and the account whose tokens it accepts
-        token_file = folder / f"{name}-transfer-token"
-        token_file.write_text(cp.transfer_token(self.name))
+        # the transfer port (docs/mobility.md): reached at the guest's address, and the account
+        # whose tokens it makes (TokenRequest, bound to its Node) and accepts
         transfer = [
-            f"--transfer-advertise-address={self.address}", f"--transfer-token-file={token_file}",
-            f"--transfer-peer={':'.join(TRANSFER_ACCOUNT)}",
-        ]  # fmt: skip
+            f"--transfer-advertise-address={self.address}",
+            f"--transfer-peer={':'.join(cp.transfer_account())}",
+        ]
         argv = [
             sys.executable, "-m", "topolvm", "--log-format", "text", "node",
             f"--nodename={self.name}", *lvmd, f"--kubeconfig={kubeconfig}",

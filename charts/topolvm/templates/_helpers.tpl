@@ -201,6 +201,13 @@ self-managed
 {{- if not (has (lower (toString .Values.scheduler.type)) (list "daemonset" "deployment")) -}}
 {{- fail (printf "scheduler.type must be daemonset or deployment, not %q" (toString .Values.scheduler.type)) -}}
 {{- end -}}
+{{- if and (not .Values.controller.leaderElection.enabled) (gt (int .Values.controller.replicaCount) 1) -}}
+{{- fail (printf "controller.leaderElection.enabled=false needs controller.replicaCount=1, not %d: without leader election every replica runs the reconcilers, and two that drive the same VolumeMove race (docs/mobility.md, \"Fencing\"); set controller.replicaCount=1, or keep leader election on" (int .Values.controller.replicaCount)) -}}
+{{- end -}}
+{{- $strategy := .Values.controller.updateStrategy | default dict -}}
+{{- if and (not .Values.controller.leaderElection.enabled) $strategy (ne (toString (get $strategy "type")) "Recreate") -}}
+{{- fail (printf "controller.leaderElection.enabled=false needs controller.updateStrategy of type Recreate (or none: the chart then sets it), not %s: a rolling update starts the new controller before the old one stops, and without leader election both run the reconcilers and race on the same VolumeMove (docs/mobility.md, \"Fencing\")" (toJson $strategy)) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The URL kube-scheduler uses to reach the extender. */}}

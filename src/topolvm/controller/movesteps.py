@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any
 
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import PersistentVolume, PersistentVolumeClaim, Pod
 
 from topolvm.constants import Names
+from topolvm.controller.gatesweep import lift_gate
 from topolvm.k8s import api
 from topolvm.k8s import errors as kube
 from topolvm.k8s.lvobject import CopyPhase, LogicalVolumeObject
 from topolvm.k8s.lvstore import IncompatibleVolume, LogicalVolumeStore, VolumeRequest
 from topolvm.k8s.moveobject import MovePhase, MoveStatus, VolumeMoveObject
-from topolvm.move import claims, reads, rules
+from topolvm.move import claims, fence, reads, rules
+from topolvm.move.target import final_copy_of
 
 log = logging.getLogger(__name__)
 BEFORE_SWAP = frozenset({MovePhase.PENDING, MovePhase.PRE_COPY, MovePhase.STOPPING,
@@ -33,17 +34,14 @@ class Rollback(Exception):
         self.message = message
 
 
-def progress(phase: str, target: LogicalVolumeObject) -> dict[str, Any]:
-    copy = target.copy
-    if copy is None or (not target.copy_done and copy.round != target.copy_round and (
-        target.copy_round > 1
-    )):  # fmt: skip
-        return {"done_bytes": 0, "total_bytes": 0, "progress": f"{phase} 0%"}
-    pct = copy.done_bytes * 100 // copy.total_bytes if copy.total_bytes else 0
-    if target.copy_done:
-        pct = 100
-    return {"done_bytes": copy.done_bytes, "total_bytes": copy.total_bytes,
-            "progress": f"{phase} {pct}%"}  # fmt: skip
+class Fenced(Exception):
+    """A delete the fence refused (:mod:`topolvm.move.fence`): the object is not the one the
+    move may delete, or a claim or pod still uses it. The move stays in its phase and says so."""
+
+
+class Stale(Exception):
+    """The VolumeMove changed since this pass read it (another writer, or this pass ran on an
+    old read): the pass reads it again and decides again from the phase it finds."""
 
 
 class Steps:
@@ -94,10 +92,13 @@ class Steps:
             source.node_name, size, reads.free_bytes(nodes, self.names, source.device_class),
             reads.schedulable_nodes(nodes), vm.target_node, source.device_class,
         )  # fmt: skip
+        if why := fence.claim_volume(pv, ns, vm.claim, str(pvc["metadata"].get("uid") or ""),
+                                     self.names.plugin):  # fmt: skip
+            raise rules.Refused("ClaimNotBound", f"claim {vm.claim} is not bound yet: {why}")
         return MoveStatus(
             source_node=source.node_name, target_node=target, source_volume=source.name,
-            target_volume=f"move-{vm.uid}", old_pv=str(pv["metadata"]["name"]),
-            new_pv=f"move-{vm.uid}", pod=work.pod,
+            target_volume=vm.made_name, old_pv=str(pv["metadata"]["name"]),
+            new_pv=vm.made_name, pod=work.pod,
             pod_uid=str(pod["metadata"].get("uid") or ""),
             owner=f"{work.owner_kind}/{work.owner}",
             claim_uid=str(pvc["metadata"].get("uid") or ""),
@@ -106,22 +107,99 @@ class Steps:
             device_class=source.device_class, size_bytes=size,
         )  # fmt: skip
 
-    async def ensure_finalizer(self, vm: VolumeMoveObject) -> None:
-        await api.patch_merge(self.client, api.volumemove_resource(self.names), vm.name,
-                              {"metadata": {"finalizers": [self.finalizer]}},
-                              namespace=vm.namespace)  # fmt: skip
+    async def ensure_finalizer(self, vm: VolumeMoveObject) -> str:
+        """Our finalizer on the VolumeMove, the others kept; a compare-and-swap against the
+        version this pass read (:class:`Stale` if it changed). The stored resourceVersion."""
+        if self.finalizer in vm.finalizers:
+            return vm.resource_version
+        known = {"metadata": {"name": vm.name, "namespace": vm.namespace,
+                              "resourceVersion": vm.resource_version,
+                              "finalizers": list(vm.finalizers)}}  # fmt: skip
+        try:
+            stored = await api.set_finalizer(
+                self.client, api.volumemove_resource(self.names), vm.name, self.finalizer, True,
+                known=known, namespace=vm.namespace, attempts=1,
+            )  # fmt: skip
+        except kube.Conflict as e:
+            raise Stale(f"VolumeMove {vm.namespace}/{vm.name} changed: {e}") from e
+        if stored is None:
+            raise Stale(f"VolumeMove {vm.namespace}/{vm.name} is gone")
+        return str(stored["metadata"]["resourceVersion"])
 
     async def release(self, vm: VolumeMoveObject) -> None:
-        """A done VolumeMove being deleted: its finalizer goes."""
-        patch = {"metadata": {"finalizers": None}}
-        with _gone_ok():
-            await api.patch_merge(self.client, api.volumemove_resource(self.names), vm.name,
-                                  patch, namespace=vm.namespace)  # fmt: skip
+        """A done VolumeMove being deleted: our finalizer goes (only ours)."""
+        if self.finalizer in vm.finalizers:
+            await api.set_finalizer(self.client, api.volumemove_resource(self.names), vm.name,
+                                    self.finalizer, False, namespace=vm.namespace)  # fmt: skip
 
-    async def retain(self, pv: str, policy: str = "Retain") -> None:
-        patch = {"spec": {"persistentVolumeReclaimPolicy": policy}}
+    async def still(self, vm: VolumeMoveObject) -> None:
+        """Before a step that cannot be undone: the VolumeMove is as this pass read it, else
+        :class:`Stale` (a pass on an old read must not act)."""
+        now = await api.get(self.client, api.volumemove_resource(self.names), vm.name,
+                            namespace=vm.namespace)  # fmt: skip
+        rv = (now or {}).get("metadata", {}).get("resourceVersion")
+        if rv != vm.resource_version:
+            raise Stale(f"VolumeMove {vm.namespace}/{vm.name} changed since this pass read it "
+                        f"(resourceVersion {vm.resource_version} -> {rv or 'gone'})")  # fmt: skip
+
+    async def old_volume(self, vm: VolumeMoveObject) -> api.Obj:
+        """The claim's PV before the move, checked to be it (:func:`fence.claim_volume`):
+        :class:`Fenced` if it is not, or gone."""
+        name = vm.status.old_pv
+        pv = await api.get(self.client, PersistentVolume, name) if name else None
+        why = fence.claim_volume(pv, vm.namespace, vm.claim, vm.status.claim_uid,
+                                 self.names.plugin)  # fmt: skip
+        if pv is None or why:
+            raise Fenced(f"the old PersistentVolume {name or '(none recorded)'}: {why}")
+        return pv
+
+    async def source(self, vm: VolumeMoveObject) -> tuple[LogicalVolumeObject | None, str]:
+        """The move's source LogicalVolume as the old PV (checked to be the claim's) names it:
+        the one whose volume id is its ``volumeHandle``, as stored now (the status's
+        ``sourceVolume`` is not trusted); else None and why."""
+        try:
+            pv = await self.old_volume(vm)
+        except Fenced as e:
+            return None, str(e)
+        handle = fence.handle_of(pv)
+        found = await self.store.find_by_volume_id(handle) if handle else None
+        lv = await self.store.get(found.name, fresh=True) if found is not None else None
+        if lv is None or lv.name == vm.made_name or lv.volume_id != handle:
+            return None, f"no LogicalVolume has the old PV's volume id {handle or '(none)'}"
+        return lv, ""
+
+    async def checked_source(self, vm: VolumeMoveObject) -> LogicalVolumeObject:
+        """Before the copy and before the swap: the source found from the old PV
+        (:meth:`source`), which must be the one the status names; else the move rolls back."""
+        lv, why = await self.source(vm)
+        if lv is None:
+            raise Rollback("SourceChanged", f"the move's source cannot be found: {why}")
+        if lv.name != vm.status.source_volume:
+            raise Rollback(
+                "SourceChanged", f"the status names LogicalVolume "
+                f"{vm.status.source_volume or '(none)'} as the source, but the old PV "
+                f"{vm.status.old_pv}'s volume is LogicalVolume {lv.name}"
+            )  # fmt: skip
+        return lv
+
+    async def retain(self, vm: VolumeMoveObject, policy: str = "Retain") -> None:
+        """The old PV's reclaim policy: ``Retain`` while the move runs (a PV that is not the
+        claim's rolls the move back), its own when it rolls back (a PV that is not the
+        claim's is left as it is)."""
+        try:
+            pv = await self.old_volume(vm)
+        except Fenced as e:
+            if vm.status.phase in (MovePhase.ROLLING_BACK, MovePhase.ROLLED_BACK):
+                log.warning("reclaim policy not restored", extra=_ctx(vm, str(e)))
+                return
+            raise Rollback("VolumeChanged", str(e)) from e
+        if pv["spec"].get("persistentVolumeReclaimPolicy") == policy:
+            return
+        # the PV as checked: a change since is a 409 (the next pass checks it again)
+        patch = {"metadata": {"resourceVersion": pv["metadata"]["resourceVersion"]},
+                 "spec": {"persistentVolumeReclaimPolicy": policy}}  # fmt: skip
         with _gone_ok():
-            await api.patch_merge(self.client, PersistentVolume, pv, patch)
+            await api.patch_merge(self.client, PersistentVolume, vm.status.old_pv, patch)
 
     # -- copies ----------------------------------------------------------------------------
 
@@ -175,9 +253,15 @@ class Steps:
         old = [p for p in users if p["metadata"].get("uid") == vm.status.pod_uid]
         self._check_held(vm, users)
         if old:
-            if not old[0]["metadata"].get("deletionTimestamp"):
+            meta = old[0]["metadata"]
+            if not meta.get("deletionTimestamp"):
                 await self._gate_works(vm, old[0])
-                await api.delete(self.client, Pod, vm.status.pod, namespace=vm.namespace)
+                await self.still(vm)
+                # only that pod, as checked: one changed since is looked at again next pass
+                with _gone_ok(), contextlib.suppress(kube.PreconditionFailed):  # gone: stopped
+                    await api.delete(self.client, Pod, meta["name"], namespace=vm.namespace,
+                                     uid=meta["uid"],
+                                     resource_version=meta.get("resourceVersion", ""))  # fmt: skip
             return f"waiting for pod {vm.status.pod} to stop on node {vm.status.source_node}"
         return ""
 
@@ -224,33 +308,34 @@ class Steps:
         if any(p["metadata"].get("uid") == vm.status.pod_uid for p in users):
             raise Rollback("PodRestarted", f"pod {vm.status.pod} runs again")
 
-    async def _ungate(self, vm: VolumeMoveObject) -> int:
+    async def ungate(self, vm: VolumeMoveObject) -> int:
+        """Lift the gate from the claim's pods (one that changed meanwhile is left to the next
+        pass, or to the gate sweep once the move is done); how many were lifted."""
         released = 0
         for pod in await self._users(vm):
-            if not claims.gated(pod, self.gate):
-                continue
-            meta = pod["metadata"]
-            patch = {"metadata": {"resourceVersion": meta["resourceVersion"]},
-                     "spec": {"schedulingGates": claims.without_gate(pod, self.gate)}}  # fmt: skip
-            with _gone_ok():
-                await api.patch_merge(self.client, Pod, meta["name"], patch,
-                                      namespace=vm.namespace)  # fmt: skip
-            released += 1
+            if claims.gated(pod, self.gate) and await lift_gate(self.client, pod, self.gate):
+                released += 1
         return released
 
     # -- swap and start --------------------------------------------------------------------
 
-    async def swap(self, vm: VolumeMoveObject) -> str:
-        s = vm.status
-        target = await self.store.get(s.target_volume, fresh=True)
+    async def swap(self, vm: VolumeMoveObject, committed: bool) -> str | None:
+        """The new PV made, the old claim deleted and re-created bound to it: "" once bound,
+        else what it waits for. Not ``committed`` (the group's commit is not whole yet): only
+        the new PV, and None once the old claim may be deleted (the pass then writes the
+        commit, ``status.commitTime`` on every member, after which none rolls back, whichever
+        writer comes next)."""
+        s, made = vm.status, vm.made_name
+        target = await self.store.get(made, fresh=True)
         if target is None or not target.volume_id:
-            return f"the target LogicalVolume {s.target_volume} is gone: the move cannot finish"
-        old_pv = await api.get(self.client, PersistentVolume, s.old_pv)
-        if await api.get(self.client, PersistentVolume, s.new_pv) is None:
-            if old_pv is None:
-                return f"the old PersistentVolume {s.old_pv} is gone: the move cannot finish"
+            return f"the target LogicalVolume {made} is gone: the move cannot finish"
+        if await api.get(self.client, PersistentVolume, made) is None:
+            try:
+                old_pv = await self.old_volume(vm)
+            except Fenced as e:
+                return f"{e}: the move cannot finish"
             body = claims.new_volume(
-                old_pv, s.new_pv, target.volume_id, s.target_node, self.names.topology_key,
+                old_pv, made, target.volume_id, s.target_node, self.names.topology_key,
                 s.reclaim_policy, vm.namespace, vm.claim, self.names.plugin,
             )  # fmt: skip
             with _exists_ok():
@@ -258,29 +343,42 @@ class Steps:
         pvc = await api.get(self.client, PersistentVolumeClaim, vm.claim, namespace=vm.namespace)
         # the StatefulSet controller may re-create the claim from its template before this
         # does: the new PV is pre-bound to the claim's name, so that claim binds to it too
+        if not committed:
+            if pvc is not None and pvc["metadata"].get("uid") == s.claim_uid:
+                # the last moment a rollback is whole: the target holds the final round,
+                # copied from the source the old PV names, and the pod is not back
+                if why := final_copy_of(target, await self.checked_source(vm)):
+                    raise Rollback("CopyNotFinal", f"the move cannot swap: {why}")
+                await self.no_pod_on_old_node(vm)
+            return None
         if pvc is not None and pvc["metadata"].get("uid") == s.claim_uid:
             if not pvc["metadata"].get("deletionTimestamp"):
-                await self.no_pod_on_old_node(vm)  # the last moment a rollback is whole
-                await api.delete(self.client, PersistentVolumeClaim, vm.claim,
-                                 namespace=vm.namespace)  # fmt: skip
+                # checked again (a commitTime written by another says nothing of the copy)
+                if why := final_copy_of(target, await self.checked_source(vm)):
+                    return f"the swap waits: {why}"
+                await self.no_pod_on_old_node(vm)
+                # only that claim: one re-created meanwhile is another UID
+                with _gone_ok(), contextlib.suppress(kube.PreconditionFailed):
+                    await api.delete(self.client, PersistentVolumeClaim, vm.claim,
+                                     namespace=vm.namespace, uid=s.claim_uid)  # fmt: skip
             return f"waiting for the old claim {vm.claim} to be deleted"
         if pvc is None:
-            body = claims.new_claim(s.claim_template, vm.namespace, vm.claim, s.new_pv)
+            body = claims.new_claim(s.claim_template, vm.namespace, vm.claim, made)
             with _exists_ok():
                 await api.create(self.client, PersistentVolumeClaim.from_dict(body))
             return f"claim {vm.claim} re-created; waiting for it to bind"
         bound_to = (pvc.get("spec") or {}).get("volumeName") or ""
-        if bound_to and bound_to != s.new_pv:
+        if bound_to and bound_to != made:
             return (
                 f"claim {vm.claim} was re-created (not by this move) bound to {bound_to}, not "
-                f"{s.new_pv}: delete that claim so that the move can re-create it"
+                f"{made}: delete that claim so that the move can re-create it"
             )
         if (pvc.get("status") or {}).get("phase") != "Bound":
-            return f"waiting for claim {vm.claim} to bind to {s.new_pv}"
+            return f"waiting for claim {vm.claim} to bind to {made}"
         return ""
 
     async def start_pod(self, vm: VolumeMoveObject) -> str:
-        await self._ungate(vm)
+        await self.ungate(vm)
         users = [p for p in await self._users(vm) if p["metadata"].get("uid") != vm.status.pod_uid]
         if not users:
             return f"waiting for {vm.status.owner} to re-create the pod"
@@ -292,26 +390,9 @@ class Steps:
             return f"waiting for pod {pod['metadata']['name']} to run ({phase}, {where})"
         return ""
 
-    async def remove_old(self, vm: VolumeMoveObject) -> None:
-        s = vm.status
-        with _gone_ok():
-            await api.delete(self.client, PersistentVolume, s.old_pv)
-        await self.store.delete(s.source_volume)
 
-    # -- rollback --------------------------------------------------------------------------
-
-    async def rollback(self, vm: VolumeMoveObject) -> None:
-        s = vm.status
-        if s.new_pv:  # made in Swapping, pre-bound to the claim's name: the claim is the old one
-            with _gone_ok():
-                await api.delete(self.client, PersistentVolume, s.new_pv)
-        if s.target_volume:
-            await self.store.delete(s.target_volume)
-        if s.old_pv and s.reclaim_policy:
-            await self.retain(s.old_pv, s.reclaim_policy)
-        await self._ungate(vm)
-        log.info("move rolled back", extra={"move": f"{vm.namespace}/{vm.name}",
-                                            "reason": s.reason})  # fmt: skip
+def _ctx(vm: VolumeMoveObject, detail: str) -> dict[str, str]:
+    return {"move": f"{vm.namespace}/{vm.name}", "detail": detail}
 
 
 def _gone_ok() -> contextlib.suppress:

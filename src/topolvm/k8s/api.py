@@ -281,14 +281,53 @@ async def replace(client: AsyncClient, obj: Any) -> Obj:
         return to_dict(await client.replace(obj))
 
 
-async def delete(client: AsyncClient, res: Resource, name: str, **kw: Any) -> bool:
-    """Delete the object; False if it did not exist."""
+async def delete(
+    client: AsyncClient, res: Resource, name: str, *, uid: str = "", resource_version: str = "",
+    **kw: Any,
+) -> bool:  # fmt: skip
+    """Delete the object; False if it did not exist. ``uid`` and ``resource_version`` are the
+    API server's delete preconditions: the object of that name is deleted only if it is the one
+    read (its UID) and, with ``resource_version``, unchanged since; else
+    :class:`PreconditionFailed`, and nothing is deleted."""
     try:
         with translated():
-            await client.delete(res, name, **kw)
+            if uid or resource_version:
+                await _delete_if(client, res, name, uid, resource_version, kw.get("namespace"))
+            else:
+                await client.delete(res, name, **kw)
     except NotFound:
         return False
     return True
+
+
+async def _delete_if(
+    client: AsyncClient, res: Resource, name: str, uid: str, resource_version: str,
+    namespace: str | None,
+) -> None:  # fmt: skip
+    """DELETE with ``DeleteOptions.preconditions`` in the body, which lightkube's ``delete``
+    does not send: its own request path (URL, credentials, error handling) with that body."""
+    pre = {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v}
+    generic = client._client  # lightkube's request builder, as its own methods use it
+    request = generic.prepare_request("delete", res, name=name, namespace=namespace)
+    request.data = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": pre}
+    response = await generic.send(generic.build_adapter_request(request))  # type: ignore[no-untyped-call]
+    generic.handle_response("delete", response, request)
+
+
+async def write_status(client: AsyncClient, res: Resource, known: Obj, status: Obj) -> Obj:
+    """Compare-and-swap of a custom resource's ``status``: stored through the status
+    subresource only if the object is still at ``known``'s resourceVersion (as read), else
+    :class:`Conflict` (read it again and decide again: the change is never re-applied to a
+    newer version, unlike :func:`modify`); :class:`NotFound` if it is gone."""
+    meta = known["metadata"]
+    body = copy.deepcopy(known)
+    body["status"] = status
+    namespace = meta.get("namespace")
+    with translated():
+        sub = res.Status.from_dict(body)
+        if namespace:
+            return to_dict(await client.replace(sub, name=meta["name"], namespace=namespace))
+        return to_dict(await client.replace(sub, name=meta["name"]))
 
 
 def finalizers(obj: Obj) -> list[str]:
@@ -303,9 +342,13 @@ async def set_finalizer(
     present: bool,
     *,
     known: Obj | None = None,
+    namespace: str | None = None,
+    attempts: int = CONFLICT_ATTEMPTS,
 ) -> Obj | None:
-    """Add or remove one finalizer, keeping the others; conflict-safe. None if gone. ``known``
-    saves the first read (see :func:`_read_modify_write`).
+    """Add or remove one finalizer, keeping the others (another controller's entries are never
+    written over); conflict-safe. None if gone. ``known`` saves the first read (see
+    :func:`_read_modify_write`); with ``attempts=1`` the write is a compare-and-swap against
+    ``known``: :class:`Conflict` if the object changed since.
 
     A merge patch carrying the resourceVersion, not a replace: a Node must never lose fields
     that the client's model does not know.
@@ -324,9 +367,12 @@ async def set_finalizer(
             "resourceVersion": current["metadata"]["resourceVersion"],
             "finalizers": changed["metadata"]["finalizers"],
         }
+        where = {"namespace": namespace} if namespace else {}
         try:
-            return await patch_merge(client, res, name, {"metadata": meta})
+            return await patch_merge(client, res, name, {"metadata": meta}, **where)
         except NotFound:
             return None
 
-    return await _read_modify_write(client, res, name, mutate, patch, known=known)
+    return await _read_modify_write(
+        client, res, name, mutate, patch, known=known, namespace=namespace, attempts=attempts
+    )

@@ -72,6 +72,25 @@ def _copy_status() -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _verify_status() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": "The digest spec.verify asked for, by its node.",
+        "properties": {
+            "id": _string("The spec.verify.id this status is of."),
+            "phase": {"type": "string", "enum": ["Pending", "Cut", "Done", "Failed"],
+                      "description": "Cut: the point-in-time cut exists (the volume may change "
+                      "from now on); Done: digest is of the cut's content."},
+            "message": _string("What it does or waits for, or why it failed."),
+            "digest": _string("Content digest (BLAKE2b chain over XXH3-128 segments, as a "
+                              "copy's): equal content, equal digest, thin or thick."),
+            "sizeBytes": _int64("The bytes the digest covers."),
+            "cutTime": {"type": "string", "format": "date-time"},
+            "completionTime": {"type": "string", "format": "date-time"},
+        },
+    }  # fmt: skip
+
+
 def _crd(
     group: str, names: dict[str, Any], scope: str, schema: dict[str, Any],
     columns: list[Any],
@@ -132,6 +151,17 @@ def logicalvolume_crd(group: str) -> dict[str, Any]:
             },
             "required": ["source"],
         },
+        "verify": {
+            "type": "object",
+            "description": "Asks this volume's node for a digest of its content at one instant "
+            "(a move's verification, after its final copy): it cuts the volume at once, says "
+            "so (status.verify.phase Cut), then reads the cut.",
+            "properties": {
+                "id": _string("What asks (a VolumeMove's UID): a new id, a new digest."),
+                "sizeBytes": _int64("Digest the first sizeBytes bytes only (0: all of it)."),
+            },
+            "required": ["id"],
+        },
     }
     status_props = {
         "volumeID": _string("LVM logical volume name; also the CSI volume id."),
@@ -143,6 +173,7 @@ def logicalvolume_crd(group: str) -> dict[str, Any]:
         "message": _string("Message of the last failure."),
         "currentSize": _quantity("Actual size of the logical volume."),
         "copy": _copy_status(),
+        "verify": _verify_status(),
     }
     schema = {
         "type": "object",
@@ -181,8 +212,9 @@ def logicalvolume_crd(group: str) -> dict[str, Any]:
 def volumemove_crd(group: str) -> dict[str, Any]:
     """The CRD manifest for ``volumemoves.<group>`` (:mod:`topolvm.k8s.moveobject`)."""
     status_props: dict[str, Any] = {
-        "phase": {"type": "string", "enum": [*MovePhase.ORDER, MovePhase.ROLLING_BACK,
-                                             MovePhase.ROLLED_BACK, MovePhase.REFUSED]},
+        "phase": {"type": "string", "enum": [*MovePhase.ORDER, MovePhase.UNVERIFIED,
+                                             MovePhase.ROLLING_BACK, MovePhase.ROLLED_BACK,
+                                             MovePhase.REFUSED]},
         "message": _string("What the move does or waits for, or why it stopped."),
         "reason": _string("Why it was refused or rolled back."),
         "sourceNode": _string("The node the claim's data was on."),
@@ -208,9 +240,41 @@ def volumemove_crd(group: str) -> dict[str, Any]:
         "stopTime": {"type": "string", "format": "date-time",
                      "description": "The pod was stopped: the downtime starts."},
         "swapTime": {"type": "string", "format": "date-time"},
+        "commitTime": {"type": "string", "format": "date-time",
+                       "description": "The swap is about to delete the old claim: from then "
+                       "on the move only goes forward."},
         "downtimeSeconds": _int64("From the pod's stop until it ran on the target."),
         "completionTime": {"type": "string", "format": "date-time"},
         "togetherSeen": _string("The claims moved with this one whose VolumeMoves it saw."),
+        "verifyBytes": _int64("The bytes both verification digests cover."),
+        "sourceDigest": _string("The old volume's digest as of the swap."),
+        "targetDigest": _string("The new volume's digest as of the swap."),
+        "verifyTime": {"type": "string", "format": "date-time",
+                       "description": "When both digests were compared."},
+        "keepSourceUntil": {"type": "string", "format": "date-time",
+                            "description": "A verified move keeps the old volume until then."},
+        "oldVolume": {"type": "string", "enum": ["Kept", "Removed", "Left"],
+                      "description": "The old PV and LogicalVolume: Kept (until "
+                      "keepSourceUntil, or for good when Unverified), Removed, or Left (someone "
+                      "changed the old PV; the move leaves it to them)."},
+        "conditions": {
+            "type": "array",
+            "description": "Verified: True once both volumes' digests as of the swap match; "
+            "False (reason DigestMismatch or VerifyFailed) keeps the old volume.",
+            "items": {
+                "type": "object",
+                "required": ["type", "status"],
+                "properties": {
+                    "type": _string("Verified."),
+                    "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+                    "reason": _string("DigestMatch, DigestMismatch or VerifyFailed."),
+                    "message": _string("The digests, or why there is none."),
+                    "lastTransitionTime": {"type": "string", "format": "date-time"},
+                },
+            },
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
     }  # fmt: skip
     schema = {
         "type": "object",
@@ -230,6 +294,13 @@ def volumemove_crd(group: str) -> dict[str, Any]:
                         "maxItems": 16,
                         "description": "The pod's other node-local claims, which move with "
                         "this one (each has its VolumeMove, with the same targetNode).",
+                    },
+                    "keepSourceSeconds": {
+                        "type": "integer",
+                        "format": "int64",
+                        "minimum": 0,
+                        "description": "Keep the old PV and LogicalVolume this long after the "
+                        "move is verified, then remove them (0 or unset: at once).",
                     },
                 },
                 "required": ["claim"],

@@ -13,7 +13,9 @@ happened (``except NotFound``) instead of lightkube's ``ApiError`` plus a status
         ├── Forbidden           403
         ├── NotFound            404
         ├── Conflict            409 (a stale resourceVersion)                  [transient]
-        │   └── AlreadyExists   409 AlreadyExists (a create of a taken name)
+        │   ├── AlreadyExists   409 AlreadyExists (a create of a taken name)
+        │   └── PreconditionFailed  409: a delete's UID or resourceVersion precondition
+        │                           did not hold (another object, or it changed)
         ├── Gone                410 (a watch's resourceVersion expired)
         ├── Invalid             422
         ├── TooManyRequests     429                                           [transient]
@@ -86,6 +88,12 @@ class AlreadyExists(Conflict):
     pass
 
 
+class PreconditionFailed(Conflict):
+    """A delete's preconditions (``DeleteOptions.preconditions``: the UID, the resourceVersion)
+    did not hold: the object of that name is another one, or changed since it was read. Not
+    transient: read it again and decide again."""
+
+
 class Gone(StatusError):
     """The resourceVersion is too old (a watch must list again)."""
 
@@ -111,6 +119,8 @@ _BY_CODE: dict[int, type[StatusError]] = {
 def _typed(code: int, reason: str, message: str) -> StatusError:
     if code == 409 and reason == "AlreadyExists":
         return AlreadyExists(code, reason, message)
+    if code == 409 and "Precondition failed" in message:  # the API server's words, as is
+        return PreconditionFailed(code, reason, message)
     kind = _BY_CODE.get(code) or (ServerError if code >= 500 else StatusError)
     return kind(code, reason, message)
 
@@ -177,7 +187,7 @@ async def translated_stream(stream: AsyncIterable[T]) -> AsyncGenerator[T, None]
 def is_transient(e: BaseException) -> bool:
     """Errors worth retrying: transport failures, conflicts, throttling and server trouble."""
     typed = translate(e)
-    if isinstance(typed, AlreadyExists):
+    if isinstance(typed, AlreadyExists | PreconditionFailed):
         return False
     return isinstance(typed, Unreachable | Conflict | TooManyRequests | ServerError)
 

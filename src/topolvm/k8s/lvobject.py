@@ -142,6 +142,50 @@ class CopyStatus:
         return out
 
 
+class VerifyPhase:
+    """``status.verify.phase``: a node's verification digest of one of its volumes
+    (docs/mobility.md, "Verifying a move")."""
+
+    PENDING = "Pending"  # the cut is not made yet (lvmd unavailable, say: retried)
+    CUT = "Cut"  # the point-in-time cut exists: the volume may change from now on
+    DONE = "Done"  # digest and sizeBytes are the cut's content digest
+    FAILED = "Failed"  # message says why (the cut overflowed, or a restart lost it)
+    ENDED = frozenset({DONE, FAILED})
+
+
+@dataclass(frozen=True)
+class VerifyStatus:
+    """``status.verify``, written by the node of the volume for ``spec.verify.id``."""
+
+    id: str = ""
+    phase: str = VerifyPhase.PENDING
+    message: str = ""
+    digest: str = ""  # hex, the whole-volume digest chain of transfer/digest.py
+    size_bytes: int = 0  # the bytes the digest covers (its chain starts from this size)
+    cut_time: str = ""
+    completion_time: str = ""
+
+    _KEYS = (("id", "id"), ("phase", "phase"), ("message", "message"), ("digest", "digest"),
+             ("size_bytes", "sizeBytes"), ("cut_time", "cutTime"),
+             ("completion_time", "completionTime"))  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> VerifyStatus | None:
+        """Tolerant: a field of the wrong type reads as empty (only nodes write it)."""
+        if not isinstance(raw, dict):
+            return None
+        values: dict[str, Any] = {}
+        for attr, key in cls._KEYS:
+            value = raw.get(key)
+            values[attr] = int_or_zero(value) if attr == "size_bytes" else str(value or "")
+        values["phase"] = values["phase"] or VerifyPhase.PENDING
+        return cls(**values)
+
+    def to_patch(self) -> dict[str, Any]:
+        """Every field, as a merge patch: the empty ones removed."""
+        return {key: getattr(self, attr) or None for attr, key in self._KEYS}
+
+
 @dataclass
 class LogicalVolumeObject:
     """What the node and controller read from a LogicalVolume object.
@@ -175,6 +219,19 @@ class LogicalVolumeObject:
     copy_keep_cut: bool = False
     copy: CopyStatus | None = None  # status.copy
     created: str = ""  # metadata.creationTimestamp
+    # spec.verify: a digest of the volume's content at one instant, asked for by its id (a
+    # move, after its final copy: docs/mobility.md); sizeBytes: of its first bytes only
+    verify_id: str = ""
+    verify_size: int = 0
+    verify: VerifyStatus | None = None  # status.verify
+
+    @property
+    def verify_pending(self) -> bool:
+        """``spec.verify`` asks for a digest this node has not reported yet."""
+        if not self.verify_id:
+            return False
+        st = self.verify
+        return st is None or st.id != self.verify_id or st.phase not in VerifyPhase.ENDED
 
     @property
     def copy_done(self) -> bool:
@@ -225,7 +282,14 @@ class LogicalVolumeObject:
             copy_keep_cut=bool((spec.get("copy") or {}).get("keepCut")),
             copy=CopyStatus.from_dict(status.get("copy")),
             created=str(meta.get("creationTimestamp") or ""),
+            verify_id=str(_mapping(spec.get("verify")).get("id") or ""),
+            verify_size=int_or_zero(_mapping(spec.get("verify")).get("sizeBytes")),
+            verify=VerifyStatus.from_dict(status.get("verify")),
         )
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def status_dict(

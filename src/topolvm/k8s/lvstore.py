@@ -258,9 +258,12 @@ class LogicalVolumeStore:
         await self._until(name, done)
         return result[0]
 
-    async def delete(self, name: str) -> None:
-        """Delete by name; an object already gone is fine."""
-        await api.delete(self.client, self.resource, name)
+    async def delete(self, name: str, *, uid: str = "", resource_version: str = "") -> None:
+        """Delete by name; an object already gone is fine. With ``uid`` (and
+        ``resource_version``) only the object read (unchanged since): else
+        :class:`~topolvm.k8s.errors.PreconditionFailed`, and nothing is deleted."""
+        await api.delete(self.client, self.resource, name, uid=uid,
+                         resource_version=resource_version)  # fmt: skip
 
     async def delete_and_wait(self, name: str) -> None:
         """Delete and return once the node removed its LV (its finalizer) and the object is gone."""

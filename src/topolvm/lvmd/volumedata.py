@@ -18,6 +18,9 @@ come from one reservation, so they are of the same instant.
 ``CowDelta`` says where two thick cuts of one origin may differ: the origin's chunks written
 since the older was taken, from the COW snapshots' exception tables (:mod:`topolvm.lvm.cowtable`,
 read with ``O_DIRECT``: the kernel writes them beneath the page cache).
+
+``OpenState`` says whether anything holds a volume open (:mod:`topolvm.lvmd.openers`): a
+move's final cut waits until its source is closed.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from topolvm.lvm.report import LvRecord, Report, has_cow_snapshot
 from topolvm.lvm.thinmap import ThinDump, ThinDumpError, changed_ranges, dm_name
 from topolvm.lvmd.capacity import find_pool
 from topolvm.lvmd.lvservice import LVService, cow_state
+from topolvm.lvmd.openers import open_state
 from topolvm.lvmd.service import block_device, resolve, rpc_of, translate
 from topolvm.lvmd.state import LvmState
 from topolvm.proto import volumedata_pb2 as pb
@@ -133,6 +137,16 @@ class VolumeDataService:
         if cow:
             log.info("thick cut", extra={"lv": snap.full_name, "cow_bytes": cow})
         return pb.CreateCutResponse(path=snap.path, cow_bytes=cow)
+
+    @rpc
+    async def OpenState(
+        self, request: pb.OpenStateRequest, context: Context
+    ) -> pb.OpenStateResponse:
+        dc = resolve(self.config, request.device_class)
+        _, lv = await self._known(dc, validate.lv_name(request.name), False)
+        state = await open_state(self.runner, f"/dev/{lv.vg_name}/{lv.name}")
+        return pb.OpenStateResponse(active=state.active, open_count=state.open_count,
+                                    holders=state.holders, mounts=state.mounts)  # fmt: skip
 
     @status.stream_rpc(SERVICE, translate)
     async def ThinMappings(

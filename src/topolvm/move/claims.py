@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Iterable
 from typing import Any
+
+from topolvm.k8s.moveobject import MovePhase
 
 Obj = dict[str, Any]
 GATE = "move"  # the scheduling gate is <plugin>/move
@@ -92,4 +95,36 @@ def gated(pod: Obj, gate: str) -> bool:
 def without_gate(pod: Obj, gate: str) -> list[Obj]:
     return [
         g for g in (pod.get("spec") or {}).get("schedulingGates") or [] if g.get("name") != gate
+    ]
+
+
+def stale_gates(pods: Iterable[Obj], moves: Iterable[Obj], gate: str) -> list[Obj]:
+    """The pods held by ``gate`` none of whose claims has a move in progress: a VolumeMove
+    (``moves``, the API's JSON) of that claim in the pod's namespace, named after it or naming
+    it in ``spec.claim``, whose phase is not done nor Verifying (its pod was let go, and no
+    pod is held after). Those the gate sweep lets go."""
+    active: set[tuple[str, str]] = set()
+    for move in moves:
+        meta = move.get("metadata") or {}
+        phase = (move.get("status") or {}).get("phase") or "Pending"
+        if phase in MovePhase.DONE or phase == MovePhase.VERIFYING:
+            continue
+        ns = str(meta.get("namespace") or "")
+        active.add((ns, str(meta.get("name") or "")))
+        active.add((ns, str((move.get("spec") or {}).get("claim") or "")))
+    out = []
+    for pod in pods:
+        if not gated(pod, gate):
+            continue
+        ns = str((pod.get("metadata") or {}).get("namespace") or "")
+        if not any((ns, c) in active for c in _claims(pod)):
+            out.append(pod)
+    return out
+
+
+def _claims(pod: Obj) -> list[str]:
+    return [
+        str(v["persistentVolumeClaim"]["claimName"])
+        for v in (pod.get("spec") or {}).get("volumes") or []
+        if isinstance(v, dict) and (v.get("persistentVolumeClaim") or {}).get("claimName")
     ]

@@ -14,7 +14,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from topolvm import daemon
 from topolvm.config.lvmd import LvmdConfig
-from topolvm.constants import DEFAULT_TRANSFER_PORT, DEFAULT_TRANSFER_TOKEN, Names
+from topolvm.constants import DEFAULT_TRANSFER_PORT, Names
 from topolvm.csi.identity import IdentityService, csidriver_check
 from topolvm.daemon import Parts, StartupError, serve_grpc, serve_health, serve_metrics
 from topolvm.k8s import api
@@ -26,9 +26,11 @@ from topolvm.node.copies import CopyJobs, CopyOptions
 from topolvm.node.csi_node import NodeService
 from topolvm.node.exporter import CapacityExporter, NodeMetrics
 from topolvm.node.lvmd_client import EmbeddedLvmd, LvmdClient, SocketLvmd
+from topolvm.node.orphans import LvAccounting
 from topolvm.node.reconciler import LogicalVolumeReconciler
 from topolvm.node.registration import Registration, serve_registration
 from topolvm.node.transfer import TransferService
+from topolvm.node.verify import VerifyJobs
 from topolvm.node.volumes import Cuts, LvmdVolumes
 from topolvm.process import bounded
 from topolvm.proto import csi_pb2 as csi
@@ -36,6 +38,7 @@ from topolvm.rpc.status import GrpcMetrics
 from topolvm.rpc.transport import Service
 from topolvm.transfer.jobs import Limits
 from topolvm.transfer.metrics import TransferMetrics
+from topolvm.transfer.tokens import TOKEN_SECONDS, Bearer, TransferTokens
 
 log = logging.getLogger("topolvm.node")
 
@@ -46,8 +49,10 @@ class TransferOptions:
 
     address: tuple[str, int] | None = ("0.0.0.0", DEFAULT_TRANSFER_PORT)  # None: no port
     advertise: str = ""  # how other nodes reach the port; "" leaves it unserved
-    token_file: str = DEFAULT_TRANSFER_TOKEN
     peers: tuple[str, ...] = ()  # ServiceAccount usernames accepted on the port
+    bearer: Bearer | None = None  # whose tokens this node shows a source (None: none known)
+    token_seconds: int = TOKEN_SECONDS
+    legacy_token_file: str = ""  # --transfer-token-file: ignored, with a warning
     limits: Limits = field(default_factory=Limits)
     sweep_interval: float = 600.0
 
@@ -94,13 +99,16 @@ class TopolvmNode:
         volumes, cuts = LvmdVolumes(self.lvmd), Cuts(self.lvmd)
         self.copies = CopyJobs(
             client, self.names, options.node_name, volumes, cuts,
-            CopyOptions(t.limits, t.token_file), self.transfer_metrics,
+            CopyOptions(t.limits), self.transfer_metrics,
+            TransferTokens(client, t.bearer, t.token_seconds),
         )  # fmt: skip
         self.transfer = TransferService(client, self.names, options.node_name, volumes, cuts,
                                         t.limits, self.transfer_metrics, t.peers)  # fmt: skip
         self.transfer.watch(self.informer)
+        self.verifier = VerifyJobs(client, self.names, options.node_name, self.lvmd,
+                                   t.limits.bandwidth)  # fmt: skip
         self.reconciler = LogicalVolumeReconciler(
-            client, self.names, options.node_name, self.lvmd, self.copies
+            client, self.names, options.node_name, self.lvmd, self.copies, self.verifier
         )
         self.controller = Controller(
             "logicalvolume", self.reconciler.reconcile, workers=options.workers
@@ -115,6 +123,9 @@ class TopolvmNode:
             self.metrics,
             advertise_resource=options.advertise_capacity_resource,
         )
+        # LVs no LogicalVolume accounts for: logged, counted, listed on the Node, never removed
+        self.accounting = LvAccounting(client, self.names, options.node_name, self.lvmd,
+                                       self.informer, self.metrics, cuts)  # fmt: skip
         checks: list[Callable[[], Awaitable[None]]] = []
         if self._embedded is None:
             checks.append(self.lvmd.check_health)
@@ -143,7 +154,10 @@ class TopolvmNode:
         self.parts.spawn(self.informer.run(), "informer")
         self.parts.spawn(self.controller.run(), "controller")
         self.parts.spawn(self.exporter.run(), "exporter")
+        self.parts.spawn(self.accounting.run(), "lv-accounting")
         self.parts.on_stop("copies", self.copies.stop)
+        self.parts.on_stop("verifications", self.verifier.stop)
+        self.parts.spawn(self._verify_sweeps(), "verification-cut-sweep")
         await self._serve_transfer()
         await serve_listeners(self.parts, self.options, self.identity, self.node_service,
                               self.registry)  # fmt: skip
@@ -160,8 +174,19 @@ class TopolvmNode:
             },
         )
 
+    async def _verify_sweeps(self) -> None:
+        """Verification cuts whose verification is over (a node down when it ended)."""
+        await self.informer.synced.wait()
+        node = self.options.node_name
+        await self.verifier.sweeps(lambda: {lv.device_class for lv in self.volumes.on_node(node)},
+                                   self.options.transfer.sweep_interval)  # fmt: skip
+
     async def _serve_transfer(self) -> None:
         t = self.options.transfer
+        if t.legacy_token_file:
+            log.warning("--transfer-token-file is ignored: this node obtains a token per source "
+                        "node (TokenRequest), which is all this release's ports accept",
+                        extra={"path": t.legacy_token_file})  # fmt: skip
         if t.address is None:
             return
         if not t.advertise or not t.peers:
@@ -179,10 +204,32 @@ class TopolvmNode:
         # before it starts: a stop while it waits out the API server still closes the port
         self.parts.on_stop("transfer port", self.transfer.stop)
         await self.transfer.start(*t.address, t.advertise)
+        await self._check_advertised(t.advertise)
         while True:  # cuts whose job ended while this node was down
             await asyncio.sleep(t.sweep_interval)
             classes = {lv.device_class for lv in self.volumes.on_node(self.options.node_name)}
             await self.transfer.sweep(classes)
+
+    async def _check_advertised(self, advertise: str) -> None:
+        """Warn when the port is advertised on an address of the Node (topolvm-node outside a
+        pod, say): its peers then likely connect from their nodes' addresses too, which every
+        pod there whose traffic leaves with its node's address shares (docs/security.md)."""
+        try:
+            node = await api.get(self.client, Node, self.options.node_name)
+        except kube.KubeError as e:
+            ctx = {"node": self.options.node_name, "error": kube.describe(e)}
+            log.warning("cannot read this Node to check the transfer port's address", extra=ctx)
+            return
+        if node_address(node, advertise.strip("[]")):
+            log.warning(
+                "the transfer port is advertised on this Node's own address: its peers' "
+                "addresses are then likely their nodes', shared by every pod of theirs whose "
+                "traffic leaves with that address, which can hold a receiver's share of the "
+                "port's per-address limits (delay its copies, not read them); the chart's "
+                "NetworkPolicy does not cover this mode: run topolvm-node in its pod (the "
+                "chart), or keep pods off the port with the host's firewall",
+                extra={"advertised": advertise, "node": self.options.node_name},
+            )
 
     async def stop(self) -> None:
         """Stop every part, the kubelet registration and the CSI server first; each step is
@@ -191,6 +238,13 @@ class TopolvmNode:
         await self.parts.stop()
         await bounded("lvmd client", self.lvmd.close())  # after the parts that call lvmd
         log.info("topolvm-node stopped")
+
+
+def node_address(node: api.Obj | None, address: str) -> bool:
+    """Whether ``address`` is one of the Node object's ``status.addresses``."""
+    status = (node or {}).get("status") or {}
+    listed = status.get("addresses") if isinstance(status, dict) else None
+    return any(isinstance(a, dict) and a.get("address") == address for a in listed or [])
 
 
 async def serve_listeners(

@@ -24,7 +24,6 @@ from topolvm.constants import (
     DEFAULT_LVMD_SOCKET,
     DEFAULT_REGISTRATION_DIR,
     DEFAULT_TRANSFER_PORT,
-    DEFAULT_TRANSFER_TOKEN,
     names,
 )
 from topolvm.k8s.api import with_client
@@ -35,6 +34,7 @@ from topolvm.lvmd import cli as lvmd_cli
 if TYPE_CHECKING:
     from topolvm.node.app import NodeOptions, TransferOptions
     from topolvm.node.registration import Registration
+    from topolvm.transfer.tokens import Bearer
 
 log = logging.getLogger("topolvm.node")
 IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
@@ -133,11 +133,25 @@ def add_transfer_flags(p: argparse.ArgumentParser) -> None:
         "(default: $POD_IP); without one the port is not served",
     )
     g.add_argument(
+        "--transfer-service-account",
+        metavar="NAMESPACE:SERVICEACCOUNT",
+        help="the ServiceAccount whose tokens this node shows another node's transfer port, "
+        "one per source node, made with TokenRequest and bound to this pod (outside a pod: to "
+        "this Node); default: this pod's own, else the first --transfer-peer",
+    )
+    g.add_argument(
+        "--transfer-token-expiration",
+        type=int,
+        default=600,
+        metavar="SECONDS",
+        help="the lifetime asked for those tokens (600 or more; default 600); a new one is "
+        "obtained when four fifths of it are gone",
+    )
+    g.add_argument(
         "--transfer-token-file",
-        default=DEFAULT_TRANSFER_TOKEN,
         metavar="PATH",
-        help="a projected ServiceAccount token for the audience topolvm-transfer, which this "
-        f"node shows when it copies from another (default {DEFAULT_TRANSFER_TOKEN})",
+        help="deprecated and ignored: the projected token of the audience topolvm-transfer "
+        "that all nodes shared, which this release's ports refuse",
     )
     g.add_argument(
         "--transfer-peer",
@@ -214,24 +228,64 @@ def transfer_from_args(args: argparse.Namespace) -> TransferOptions:
         if not sep or not namespace or not name or ":" in name:
             raise ConfigError(f"--transfer-peer takes NAMESPACE:SERVICEACCOUNT, got {peer!r}")
         peers.append(service_account_user(namespace, name))
+    if args.transfer_token_expiration < 600:
+        raise ConfigError(
+            f"--transfer-token-expiration must be 600 or more (the API server's least), got "
+            f"{args.transfer_token_expiration}"
+        )
     limits = Limits(args.transfer_max_copies, args.transfer_bandwidth, args.transfer_io_timeout)
     return TransferOptions(address=args.transfer_bind_address,
                            advertise=args.transfer_advertise_address,
-                           token_file=args.transfer_token_file, peers=tuple(peers),
+                           legacy_token_file=args.transfer_token_file or "", peers=tuple(peers),
+                           bearer=bearer(args, peers), token_seconds=args.transfer_token_expiration,
                            limits=limits)  # fmt: skip
 
 
-def own_service_account(path: str = IN_CLUSTER_TOKEN) -> str | None:
+def bearer(args: argparse.Namespace, peers: list[str]) -> Bearer | None:
+    """Whose tokens this node shows a source's transfer port, and what they are bound to: its
+    own pod when it runs as the account's pod, else its Node (None: no account is known)."""
+    from topolvm.transfer.tokens import Bearer
+
+    prefix = "system:serviceaccount:"
+    own = own_identity()
+    chosen = args.transfer_service_account or (own[0] if own else None)
+    if chosen is None and peers:
+        chosen = peers[0][len(prefix) :]
+    if chosen is None:
+        return None
+    namespace, sep, name = chosen.partition(":")
+    if not sep or not namespace or not name or ":" in name:
+        raise ConfigError(
+            f"--transfer-service-account takes NAMESPACE:SERVICEACCOUNT, got {chosen!r}"
+        )
+    if own is not None and own[0] == chosen and own[1]:
+        return Bearer(namespace, name, "Pod", own[1], own[2])
+    return Bearer(namespace, name, "Node", args.nodename)
+
+
+def own_service_account(path: str | None = None) -> str | None:
     """``namespace:name`` of the ServiceAccount this pod runs as (from its token's subject);
     None outside a pod."""
+    own = own_identity(path)
+    return None if own is None else own[0]
+
+
+def own_identity(path: str | None = None) -> tuple[str, str, str] | None:
+    """``namespace:name`` of the ServiceAccount this pod runs as, and the name and UID of the
+    pod its token is bound to ("" if it is not), from its token's claims (``path``, default
+    the in-cluster token); None outside a pod."""
     try:
-        payload = Path(path).read_text().split(".")[1]
+        payload = Path(path or IN_CLUSTER_TOKEN).read_text().split(".")[1]
         claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
         subject = str(claims["sub"])
-    except (OSError, IndexError, KeyError, ValueError, TypeError):
+        pod = (claims.get("kubernetes.io") or {}).get("pod") or {}
+        pod_name, pod_uid = str(pod.get("name") or ""), str(pod.get("uid") or "")
+    except (OSError, IndexError, KeyError, ValueError, TypeError, AttributeError):
         return None
     prefix = "system:serviceaccount:"
-    return subject[len(prefix) :] if subject.startswith(prefix) else None
+    if not subject.startswith(prefix):
+        return None
+    return subject[len(prefix) :], pod_name, pod_uid
 
 
 def registration_from_args(args: argparse.Namespace) -> Registration | None:

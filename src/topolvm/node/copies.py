@@ -20,7 +20,6 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from lightkube import AsyncClient
@@ -33,10 +32,18 @@ from topolvm.k8s.lvobject import CopyPhase, CopyStatus, LogicalVolumeObject
 from topolvm.node.copyreport import CopyReporter, Run, SourceGone, now
 from topolvm.node.volumes import Cuts, LvmdVolumes
 from topolvm.transfer import client, messages, pipeline, plan
+from topolvm.transfer.auth import older_sender
 from topolvm.transfer.blockio import Volume
-from topolvm.transfer.errors import CopyImpossible, SourceFailed, TransferError, Unreachable
+from topolvm.transfer.errors import (
+    CopyImpossible,
+    Refused,
+    SourceFailed,
+    TransferError,
+    Unreachable,
+)
 from topolvm.transfer.jobs import Limits, VolumeInfo
 from topolvm.transfer.metrics import TransferMetrics
+from topolvm.transfer.tokens import TransferTokens
 from topolvm.units import human
 
 log = logging.getLogger(__name__)
@@ -46,7 +53,6 @@ GiB = 1 << 30
 @dataclass(frozen=True)
 class CopyOptions:
     limits: Limits
-    token_file: str
     retry_first: float = 2.0
     retry_max: float = 60.0
 
@@ -54,7 +60,7 @@ class CopyOptions:
 class CopyJobs:
     def __init__(
         self, client: AsyncClient, names: Names, node: str, volumes: LvmdVolumes, cuts: Cuts,
-        options: CopyOptions, metrics: TransferMetrics,
+        options: CopyOptions, metrics: TransferMetrics, tokens: TransferTokens,
     ) -> None:  # fmt: skip
         self.client = client
         self.names = names
@@ -63,6 +69,7 @@ class CopyJobs:
         self.cuts = cuts
         self.options = options
         self.metrics = metrics
+        self.tokens = tokens  # what this node shows each source's transfer port
         self.resource = api.logicalvolume_resource(names)
         self.report = CopyReporter(client, names, node, metrics)
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -180,7 +187,7 @@ class CopyJobs:
         prior: CopyStatus,
     ) -> None:  # fmt: skip
         endpoint = await self._endpoint(source.node_name)
-        token = self._token()
+        token = await self.tokens.token(source.node_name)
         resume = self._resume(prior)
         hello = messages.Hello(
             version=messages.VERSION,
@@ -227,7 +234,18 @@ class CopyJobs:
                 fresh=prior.attempts == 0 and lv.copy_round < 2,
             )
 
-        outcome = await self._in_thread(work, stop)
+        try:
+            outcome = await self._in_thread(work, stop)
+        except Refused as r:
+            if r.reason != "unauthenticated":
+                raise
+            self.tokens.forget(source.node_name)  # the next attempt obtains a new one
+            if not older_sender(r.message):  # expired, invalid: the new token will do
+                raise
+            raise Refused(r.reason, f"{r.message} (this node showed a token for node "
+                          f"{source.node_name}'s transfer port alone; a topolvm-node of an older "
+                          "release there accepts only the audience topolvm-transfer that nodes "
+                          "used to share: upgrade it)") from r  # fmt: skip
         await self.report.done(run, outcome.digest, outcome.accept.source)
 
     async def _local(
@@ -340,19 +358,6 @@ class CopyJobs:
                 "or runs without the transfer port"
             )
         return client.Endpoint(node, host.strip("[]"), int(port), fingerprint)
-
-    def _token(self) -> str:
-        path = Path(self.options.token_file)
-        try:
-            token = path.read_text().strip()
-        except OSError as e:
-            raise Unreachable(
-                f"no transfer token at {path}: {e.strerror} (the chart mounts a projected "
-                "ServiceAccount token there)"
-            ) from e
-        if not token:
-            raise Unreachable(f"the transfer token file {path} is empty")
-        return token
 
 
 def _log_failure(future: concurrent.futures.Future[None]) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 
 from grpclib.const import Status
 from lightkube import AsyncClient
@@ -29,6 +30,7 @@ from topolvm import capacity_annotations
 from topolvm.constants import Names
 from topolvm.k8s import api
 from topolvm.k8s import errors as kube
+from topolvm.k8s.orphanlvs import OrphanLv
 from topolvm.node import extresource
 from topolvm.node.lvmd_client import LvmdCallError, LvmdClient
 from topolvm.proto import lvmd_pb2 as pb
@@ -37,7 +39,8 @@ log = logging.getLogger(__name__)
 
 
 class NodeMetrics:
-    """The six upstream gauges, namespace ``topolvm``, labels ``node`` and ``device_class``."""
+    """The six upstream gauges and two of orphan LVs, namespace ``topolvm``, labels ``node``
+    and ``device_class``."""
 
     def __init__(self, registry: CollectorRegistry, node_name: str):
         self.node_name = node_name
@@ -59,6 +62,24 @@ class NodeMetrics:
             "thinpool_overprovisioned_available",
             "LVM VG Thin Pool bytes available with overprovisioning",
         )
+        # not upstream's: LVs no LogicalVolume claims (topolvm.node.orphans)
+        self.orphan_count = gauge(
+            "orphan_logical_volumes", "LVs on the node that no LogicalVolume claims"
+        )
+        self.orphan_bytes = gauge(
+            "orphan_logical_volume_bytes", "Bytes of the LVs that no LogicalVolume claims"
+        )
+
+    def orphans(self, device_classes: Iterable[str], found: Iterable[OrphanLv]) -> None:
+        """Count ``found`` per device class (0 for each of ``device_classes`` without one)."""
+        counts = dict.fromkeys(device_classes, 0)
+        sizes = dict.fromkeys(device_classes, 0)
+        for o in found:
+            counts[o.device_class] = counts.get(o.device_class, 0) + 1
+            sizes[o.device_class] = sizes.get(o.device_class, 0) + o.size_bytes
+        for dc, n in counts.items():
+            self.orphan_count.labels(self.node_name, dc).set(n)
+            self.orphan_bytes.labels(self.node_name, dc).set(sizes[dc])
 
     def update(self, msg: pb.WatchResponse) -> None:
         for item in msg.items:

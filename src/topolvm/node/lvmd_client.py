@@ -42,6 +42,7 @@ class LvmdClient(Protocol):
         self, name: str, device_class: str, with_uuid: bool = False, check_snapshot: bool = False
     ) -> vd.DescribeLVResponse: ...
     async def create_cut(self, request: vd.CreateCutRequest) -> vd.CreateCutResponse: ...
+    async def open_state(self, name: str, device_class: str) -> vd.OpenStateResponse: ...
     def thin_mappings(self, name: str, device_class: str) -> AsyncIterator[tuple[int, int]]: ...
     def thin_delta(
         self, name: str, base: str, device_class: str
@@ -140,6 +141,11 @@ class SocketLvmd:
         reply: vd.CreateCutResponse = await self._call(_DATA, "CreateCut", request, self.timeout)
         return reply
 
+    async def open_state(self, name: str, device_class: str) -> vd.OpenStateResponse:
+        req = vd.OpenStateRequest(name=name, device_class=device_class)
+        reply: vd.OpenStateResponse = await self._call(_DATA, "OpenState", req, self.timeout)
+        return reply
+
     async def _range_stream(self, method: str, req: Any) -> AsyncIterator[tuple[int, int]]:
         """The byte ranges a VolumeData stream of ``method`` sends, as they come."""
         try:
@@ -230,6 +236,10 @@ class EmbeddedLvmd:
 
     async def create_cut(self, request: vd.CreateCutRequest) -> vd.CreateCutResponse:
         return await self._server.data.CreateCut(request, self._ctx)
+
+    async def open_state(self, name: str, device_class: str) -> vd.OpenStateResponse:
+        req = vd.OpenStateRequest(name=name, device_class=device_class)
+        return await self._server.data.OpenState(req, self._ctx)
 
     async def thin_mappings(self, name: str, device_class: str) -> AsyncIterator[tuple[int, int]]:
         req = vd.ThinMappingsRequest(name=name, device_class=device_class)

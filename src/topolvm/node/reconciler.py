@@ -25,6 +25,7 @@ from topolvm.k8s.runtime import Controller, Informer, ReconcileError, Result, re
 from topolvm.node.copies import CopyJobs
 from topolvm.node.copyreport import copy_patch
 from topolvm.node.lvmd_client import LvmdCallError, LvmdClient
+from topolvm.node.verify import VerifyJobs
 from topolvm.proto import lvmd_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -33,13 +34,14 @@ log = logging.getLogger(__name__)
 class LogicalVolumeReconciler:
     def __init__(
         self, client: AsyncClient, names: Names, node_name: str, lvmd: LvmdClient,
-        copies: CopyJobs | None = None,
+        copies: CopyJobs | None = None, verifier: VerifyJobs | None = None,
     ):  # fmt: skip
         self.client = client
         self.names = names
         self.node_name = node_name
         self.lvmd = lvmd
         self.copies = copies  # fills volumes from a copy (docs/mobility.md); None: never
+        self.verifier = verifier  # digests asked for by spec.verify; None: never
         self.resource = api.logicalvolume_resource(names)
         # name -> resourceVersion of this node's last write to it: a cached copy older than
         # that is out of date.
@@ -80,7 +82,9 @@ class LogicalVolumeReconciler:
         if lv.node_name != self.node_name:
             return False
         filled = lv.copy_done or bool(lv.code) or self.copies is None
-        done = self._marked(lv) and bool(lv.volume_id) and _as_large_as_asked(lv) and filled
+        verified = self.verifier is None or not lv.verify_pending
+        done = (self._marked(lv) and bool(lv.volume_id) and _as_large_as_asked(lv) and filled
+                and verified)  # fmt: skip
         return lv.deleting or not done
 
     def _marked(self, lv: LogicalVolumeObject) -> bool:
@@ -139,6 +143,8 @@ class LogicalVolumeReconciler:
             if self.copies is not None and not lv.code:
                 self.copies.ensure(lv)  # (again, after a restart) the job that fills it
         else:
+            if self.verifier is not None and lv.verify_pending:
+                self.verifier.ensure(lv)  # (again, after a restart) the digest asked for
             await self._expand(lv)
         return None
 
@@ -179,6 +185,11 @@ class LogicalVolumeReconciler:
             await self.copies.cancel(lv.name)  # its thread no longer writes the LV
             if lv.copy is not None:
                 await self.copies.drop_cut(lv)
+        if self.verifier is not None and (lv.verify_id or lv.verify is not None):
+            try:  # its job stopped, its cut removed (a COW cut keeps the LV from going)
+                await self.verifier.forget(lv)
+            except LvmdCallError as e:
+                raise ReconcileError(f"cannot remove the verification cut of {lv.uid}: {e}") from e
         try:
             await self.lvmd.remove_lv(pb.RemoveLVRequest(name=lv.uid, device_class=lv.device_class))
             log.info("removed LV", extra={"lv": lv.name, "uid": lv.uid})

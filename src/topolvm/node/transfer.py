@@ -5,7 +5,8 @@ The port's address and its certificate's fingerprint go on this node's Node obje
 (``<plugin>/transfer-endpoint``, ``<plugin>/transfer-cert-sha256``), where receivers find and
 pin them. A job is the target LogicalVolume a receiver names; it is served only if:
 
-- its token is topolvm-node's ServiceAccount, for the transfer audience, bound to a node
+- its token is topolvm-node's ServiceAccount, for this node's transfer audience
+  (``topolvm-transfer:<node>``: a token shown to another node is refused), bound to a node
   (TokenReview), and the target is on that very node;
 - the target exists with the UID the receiver gave, is a copy (``spec.copy.source``) not done
   yet and not being deleted (else: unknown or replayed);
@@ -19,7 +20,6 @@ cut and sends only what differs from the first; both go when round 2 is done.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Collection
 
@@ -31,6 +31,8 @@ from topolvm.k8s import api
 from topolvm.k8s import errors as kube
 from topolvm.k8s.lvobject import InvalidQuantity, LogicalVolumeObject
 from topolvm.k8s.runtime import Informer
+from topolvm.node.orphans import copy_running
+from topolvm.node.sourceopen import OpenUnknown, still_open
 from topolvm.node.volumes import (
     CutOverflowed,
     Cuts,
@@ -41,13 +43,14 @@ from topolvm.node.volumes import (
     round_two,
 )
 from topolvm.transfer import messages
-from topolvm.transfer.auth import TokenReviewer
+from topolvm.transfer.auth import TokenReviewer, audience
 from topolvm.transfer.errors import Refused, TransferError
 from topolvm.transfer.jobs import Job, Limits
 from topolvm.transfer.metrics import TransferMetrics
 from topolvm.transfer.server import TransferServer
 
 log = logging.getLogger(__name__)
+DROP_ATTEMPTS, DROP_RETRY_FIRST, DROP_RETRY_MAX = 8, 1.0, 30.0  # a cut lvmd cannot remove yet
 # the least copy-on-write area of a move's thick cut, as a share of its origin, when the node
 # has no room for one as large as the origin: the first cut lives while the pod writes (1/8),
 # the second while it is stopped (1/32)
@@ -64,7 +67,8 @@ class TransferService:
         self.node = node
         self.cuts = cuts
         self.resource = api.logicalvolume_resource(names)
-        self.reviewer = TokenReviewer(client, accounts)
+        # tokens made for this node's port alone: one shown elsewhere is refused here
+        self.reviewer = TokenReviewer(client, accounts, audience(node), metrics)
         self.server = TransferServer(node, self.authorise, volumes, limits, metrics)
         self._cleanups: set[asyncio.Task[None]] = set()
 
@@ -164,53 +168,95 @@ class TransferService:
             if keep:
                 await self.cuts.check(target.uid, dc)  # a job resumed after its reads failed
             return first, ""
-        if target.uid not in await self.cuts.listed(dc, strict=True):
+        listed = await self.cuts.listed(dc, strict=True)
+        if target.uid not in listed:
             raise Refused(
                 "unknown-job", f"the first cut of {source.name} that {target.name} was filled "
                 "from is gone: the move's final copy cannot be a delta"
             )  # fmt: skip
         await self.cuts.check(target.uid, dc)  # the delta's base, kept while the pod ran
         job = round_two(target.uid)
+        if job not in listed:  # (else it was cut once the source was closed)
+            await self._closed(source, dc)
         second = await self.cuts.ensure(job, source.volume_id, dc, size // MOVE_COW_SHARE[1])
         await self.cuts.check(job, dc)
         return second, cut_name(target.uid)
 
+    async def _closed(self, source: LogicalVolumeObject, dc: str) -> None:
+        """The second cut waits until nothing holds the source open: a pod whose object was
+        force-deleted may still write (docs/mobility.md)."""
+        try:
+            held = await still_open(self.cuts.lvmd, source.volume_id, dc)
+        except OpenUnknown as e:
+            raise Refused("unavailable", str(e)) from e
+        if held:
+            log.warning("final cut waits: the source is still open",
+                        extra={"lv": source.name, "holding": held})  # fmt: skip
+            raise Refused(
+                "unavailable", f"the volume {source.name} is still open on node {self.node} "
+                f"({held}): the final cut waits until its workload stops"
+            )  # fmt: skip
+
     # -- cuts -----------------------------------------------------------------------------
 
     def watch(self, informer: Informer) -> None:
-        """Remove a cut once its job's target is filled or gone."""
+        """Remove a cut once its job's target is filled, failed or gone: at once, and again
+        after a while if lvmd cannot yet (the sending thread still has it open). A cut made
+        for the job after that (its receiver asked just before) goes at once too
+        (:meth:`Cuts.end`). Only the cuts this process made or found are known here; others
+        (made before a restart) go with the next sweep."""
 
         def on_event(event: str, obj: api.Obj) -> None:
             spec = obj.get("spec") or {}
-            if not (spec.get("copy") or {}).get("source"):
+            if not (spec.get("copy") or {}).get("source") and not (obj.get("status") or {}).get(
+                "copy"
+            ):  # fmt: skip
                 return
             try:
                 target = LogicalVolumeObject.from_dict(obj)
             except (InvalidQuantity, KeyError, TypeError, ValueError):
                 return
-            kept = target.copy_keep_cut and target.copy_round < 2  # a move's first cut
-            over = target.copy_done and not kept
-            if event == "DELETED" or over or target.code or target.deleting:
-                task = asyncio.create_task(self._drop_cut(target))
+            if event != "DELETED" and copy_running(target):
+                return
+            jobs = self.cuts.end(target.uid)  # no cut is made for it any more
+            if jobs or not self.cuts.learnt(target.device_class):
+                task = asyncio.create_task(self._drop_cuts(target))
                 self._cleanups.add(task)
                 task.add_done_callback(self._cleanups.discard)
 
         informer.add_handler(on_event)
 
-    async def _drop_cut(self, target: LogicalVolumeObject) -> None:
-        source = await self._source_here(target.copy_source)
-        if source is None or source.access_type == "ro":
-            return
-        for job in (target.uid, round_two(target.uid)):
-            with contextlib.suppress(TransferError):
-                await self.cuts.remove(job, source.device_class)
-
-    async def _source_here(self, name: str) -> LogicalVolumeObject | None:
-        try:
-            source = await self._lv(name)
-        except Refused:
-            return None
-        return source if source is not None and source.node_name == self.node else None
+    async def _drop_cuts(self, target: LogicalVolumeObject) -> None:
+        """Remove the cuts of ``target``'s ended job that this node holds (learning first, once
+        per device class, those made before it started), trying again while lvmd cannot."""
+        if not self.cuts.learnt(target.device_class):
+            try:
+                await self.cuts.learn(target.device_class)
+            except TransferError as e:
+                ctx = {"device_class": target.device_class, "error": str(e)}
+                log.warning("cannot list this node's cuts; the sweep removes them later", extra=ctx)
+        jobs = self.cuts.end(target.uid)
+        delay = DROP_RETRY_FIRST
+        for attempt in range(1, DROP_ATTEMPTS + 1):
+            failed = []
+            for job, dc in jobs:
+                try:
+                    await self.cuts.remove(job, dc)
+                except TransferError as e:
+                    failed.append((job, dc))
+                    log.warning("a copy's cut cannot be removed yet", extra={
+                        "target": target.name, "job": job, "device_class": dc, "error": str(e),
+                        "attempt": attempt, "retry_in": delay})  # fmt: skip
+            if not failed:
+                if attempt > 1:
+                    log.info("a copy's cut removed at last", extra={
+                        "target": target.name, "attempt": attempt})  # fmt: skip
+                return
+            jobs = failed
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, DROP_RETRY_MAX)
+        log.error("a copy's cut stays after every attempt; the sweep tries again",
+                  extra={"target": target.name, "jobs": [j for j, _ in jobs]})  # fmt: skip
 
     async def sweep(self, device_classes: Collection[str]) -> None:
         """Remove cuts whose job is over (its target filled, failed or gone): what a node that
@@ -224,14 +270,21 @@ class TransferService:
             return
         running = set()
         for obj in items:
-            with contextlib.suppress(InvalidQuantity, KeyError, TypeError, ValueError):
+            try:
                 lv = LogicalVolumeObject.from_dict(obj)
-                copied = lv.copy_source or lv.copy is not None
-                kept = lv.copy_keep_cut and lv.copy_round < 2
-                if copied and (kept or not lv.copy_done) and not lv.deleting and not lv.code:
-                    running.add(lv.uid)
+            except (InvalidQuantity, KeyError, TypeError, ValueError):
+                # unreadable here: its cuts are kept (what cannot be judged is not removed)
+                running.add(str((obj.get("metadata") or {}).get("uid") or ""))
+                continue
+            if copy_running(lv):
+                running.add(lv.uid)
         for dc, jobs in cuts.items():
             for job in jobs:
-                if job_of_round(job) not in running:
-                    with contextlib.suppress(TransferError):
-                        await self.cuts.remove(job, dc)
+                if job_of_round(job) in running:
+                    continue
+                self.cuts.end(job_of_round(job))
+                try:
+                    await self.cuts.remove(job, dc)
+                except TransferError as e:
+                    log.warning("the sweep cannot remove a cut whose job ended", extra={
+                        "job": job, "device_class": dc, "error": str(e)})  # fmt: skip

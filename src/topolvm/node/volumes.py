@@ -13,7 +13,9 @@ first asks, and removes it once the job's target is filled or gone.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections import OrderedDict
 
 from grpclib.const import Status
 
@@ -109,14 +111,66 @@ class CutOverflowed(SourceFailed):
     I/O errors, and no retry mends it."""
 
 
+class JobEnded(SourceFailed):
+    """The job's target was filled, failed or deleted: no cut is made for it any more."""
+
+
+ENDED_REMEMBERED = 4096  # jobs whose end :class:`Cuts` remembers (each a UID)
+
+
 class Cuts:
+    """The cuts of one node, made and removed through lvmd. It remembers the cuts this process
+    made or found (``held``) and the jobs that ended (:meth:`end`), so that a cut made for a job
+    the moment it ends (its receiver asked just before) is removed at once, not left over."""
+
     def __init__(self, lvmd: LvmdClient) -> None:
         self.lvmd = lvmd
+        self.held: dict[str, str] = {}  # job id (either round) -> device class
+        self._ended: OrderedDict[str, None] = OrderedDict()  # target UIDs
+        self._learnt: set[str] = set()  # device classes whose cuts were listed since start
+        self._learning = asyncio.Lock()
+
+    def learnt(self, device_class: str) -> bool:
+        return device_class in self._learnt
+
+    async def learn(self, device_class: str) -> None:
+        """Once per device class: the cuts made there before this process started are held
+        too (:class:`SourceFailed` if lvmd cannot list them; asked again next time)."""
+        async with self._learning:
+            if device_class not in self._learnt:
+                await self.listed(device_class, strict=True)
+                self._learnt.add(device_class)
+
+    def end(self, target_uid: str) -> list[tuple[str, str]]:
+        """The copy that fills ``target_uid`` ended: no cut is made for it from now on. Its
+        cuts this process holds, (job id, device class), to remove."""
+        self._ended[target_uid] = None
+        self._ended.move_to_end(target_uid)
+        while len(self._ended) > ENDED_REMEMBERED:
+            self._ended.popitem(last=False)
+        jobs = (target_uid, round_two(target_uid))
+        return [(job, self.held[job]) for job in jobs if job in self.held]
+
+    def ended(self, job: str) -> bool:
+        return job_of_round(job) in self._ended
 
     async def ensure(self, job_uid: str, source: str, device_class: str, min_cow: int = 0) -> str:
         """The cut of LV ``source`` for job ``job_uid`` (made now, or found from before). With
         ``min_cow``, a thick cut may get a smaller copy-on-write area than its origin when its
-        VG lacks the room, at least that much (lvmd's CreateCut; see :meth:`check`)."""
+        VG lacks the room, at least that much (lvmd's CreateCut; see :meth:`check`).
+        :class:`JobEnded` if the job ended, before or while the cut was made (then it goes)."""
+        if self.ended(job_uid):
+            raise JobEnded(f"the copy job {job_of_round(job_uid)} ended: no cut is made for it")
+        name = await self._make(job_uid, source, device_class, min_cow)
+        self.held[job_uid] = device_class
+        if self.ended(job_uid):  # it ended while lvmd made the cut: its removal came first
+            log.warning("a copy's job ended while its cut was made; the cut goes",
+                        extra={"job": job_uid, "device_class": device_class})  # fmt: skip
+            await self.remove(job_uid, device_class)
+            raise JobEnded(f"the copy job {job_of_round(job_uid)} ended while its cut was made")
+        return name
+
+    async def _make(self, job_uid: str, source: str, device_class: str, min_cow: int) -> str:
         name = cut_name(job_uid)
         if min_cow:
             cut = vd.CreateCutRequest(name=name, device_class=device_class,
@@ -166,9 +220,11 @@ class Cuts:
             )
         except LvmdCallError as e:
             if e.code is Status.NOT_FOUND:
+                self.held.pop(job_uid, None)
                 return False
             raise TransferError(f"cannot remove the cut of job {job_uid}: {e.message}") from e
-        log.info("removed a copy's cut", extra={"job": job_uid})
+        self.held.pop(job_uid, None)
+        log.info("removed a copy's cut", extra={"job": job_uid, "device_class": device_class})
         return True
 
     async def listed(self, device_class: str, strict: bool = False) -> list[str]:
@@ -181,4 +237,9 @@ class Cuts:
                 raise SourceFailed(f"lvmd cannot list the cuts: {e.message}") from e
             log.warning("cannot list cuts", extra={"device_class": device_class, "error": str(e)})
             return []
-        return [job for v in volumes if (job := job_of_cut(v.name)) is not None]
+        # ours only: a `cut.*` LV without our tag is someone else's (a shared VG)
+        jobs = [job for v in volumes
+                if CUT_TAG in v.tags and (job := job_of_cut(v.name)) is not None]  # fmt: skip
+        for job in jobs:
+            self.held.setdefault(job, device_class)
+        return jobs

@@ -14,7 +14,14 @@ from lightkube.generic_resource import create_global_resource, create_namespaced
 from topolvm.constants import Names
 from topolvm.k8s import api
 from topolvm.k8s import errors as kube
-from topolvm.k8s.moveobject import GROUP, PLURAL, VolumeMoveObject, manifest
+from topolvm.k8s.moveobject import (
+    GROUP,
+    PLURAL,
+    MovePhase,
+    OldVolume,
+    VolumeMoveObject,
+    manifest,
+)
 from topolvm.move import reads
 from topolvm.move.reads import NODE, POD, PV, PVC
 from topolvm.move.rules import Refused, uses_claim
@@ -177,7 +184,17 @@ async def _replace_done(client: AsyncClient, names: Names, namespace: str, claim
         )
     if old is None:
         return
-    await api.delete(client, res, claim, namespace=namespace)
+    if old.status.phase == MovePhase.SUCCEEDED and old.status.old_volume == OldVolume.KEPT:
+        raise Refused(  # deleting it would end the keep, and remove the old volume, at once
+            "KeepingSource", f"the last move of claim {claim} keeps its old volume until "
+            f"{old.status.keep_source_until or '(unknown)'}; to end that keep (the old volume "
+            f"is then removed) and move again: kubectl delete volumemove -n {namespace} {claim}"
+        )  # fmt: skip
+    try:  # only that finished one: a VolumeMove made meanwhile under the name is another UID
+        await api.delete(client, res, claim, namespace=namespace, uid=old.uid)
+    except kube.PreconditionFailed:
+        raise Refused("MoveInProgress", f"another move of claim {claim} was just asked "
+                      "for") from None  # fmt: skip
     loop = asyncio.get_running_loop()
     deadline = loop.time() + DELETE_WAIT
     while await api.get(client, res, claim, namespace=namespace) is not None:
@@ -190,7 +207,8 @@ async def _replace_done(client: AsyncClient, names: Names, namespace: str, claim
 
 
 async def _create_move(client: AsyncClient, names: Names, plan: Plan) -> None:
-    body = manifest(GROUP, plan.namespace, plan.claim, plan.target_node, plan.together)
+    body = manifest(GROUP, plan.namespace, plan.claim, plan.target_node, plan.together,
+                    plan.keep_source_seconds)  # fmt: skip
     try:
         await api.create(client, move_resource(names).from_dict(body))
     except kube.AlreadyExists:

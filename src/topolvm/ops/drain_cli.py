@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TextIO
 
 from lightkube import AsyncClient
@@ -30,7 +31,7 @@ from topolvm.k8s.errors import KubeError
 from topolvm.move import reads
 from topolvm.ops import cluster, pdb
 from topolvm.ops.drain_run import Result, Survey, execute, survey
-from topolvm.ops.move_cli import add_client_args, node_name
+from topolvm.ops.move_cli import add_client_args, add_keep_source, keep_seconds, node_name
 from topolvm.ops.render import downtime_text, why_target
 from topolvm.units import human
 
@@ -67,6 +68,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="move the claims that can move even if others are refused")  # fmt: skip
     p.add_argument("--timeout", type=go_duration, default=None, metavar="DURATION",
                    help="stop after this long (started moves go on; exit 1)")  # fmt: skip
+    add_keep_source(p)
     add_client_args(p)
     p.set_defaults(run=run)
 
@@ -111,9 +113,8 @@ async def drain(client: AsyncClient, n: Names, args: argparse.Namespace, out: Te
             if ours:
                 await _uncordon(client, args.node, out)
             return FAILED
-        results = await execute(
-            client, n, found.plans, found.pdbs, args.max_parallel, args.timeout, out
-        )
+        plans = [replace(p, keep_source_seconds=keep_seconds(args)) for p in found.plans]
+        results = await execute(client, n, plans, found.pdbs, args.max_parallel, args.timeout, out)
         out.write(summary(args.node, results, [k for k, _ in found.refused]))
         ok = not found.refused and all(r.ok for r in results)
         return 0 if ok else FAILED

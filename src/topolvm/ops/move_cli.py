@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import re
 import sys
+from dataclasses import replace
 
 from lightkube import AsyncClient
 
@@ -53,6 +55,18 @@ def node_name(value: str) -> str:
     return value
 
 
+def add_keep_source(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--keep-source", type=go_duration, default=None, metavar="DURATION",
+                   help="keep the old volume (PV and LogicalVolume, on the old node) this long "
+                   "after the move is verified, then remove it (default: at once)")  # fmt: skip
+
+
+def keep_seconds(args: argparse.Namespace) -> int:
+    """``--keep-source`` as whole seconds (0: not given)."""
+    keep: float | None = getattr(args, "keep_source", None)
+    return math.ceil(keep) if keep else 0
+
+
 def add_client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG, "
                    "~/.kube/config, then the in-cluster account)")  # fmt: skip
@@ -79,6 +93,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="create the VolumeMove and return without following it")  # fmt: skip
     p.add_argument("--timeout", type=go_duration, default=None, metavar="DURATION",
                    help="stop following after this long (the move goes on; exit 1)")  # fmt: skip
+    add_keep_source(p)
     add_client_args(p)
     p.set_defaults(run=run)
 
@@ -112,6 +127,7 @@ async def move(client: AsyncClient, n: Names, namespace: str, args: argparse.Nam
     try:
         try:
             plans = await check(client, n, namespace, args.claim, args.to or "")
+            plans = [replace(p, keep_source_seconds=keep_seconds(args)) for p in plans]
         except Refused as e:
             print(refusal_line("move", e), file=sys.stderr)
             return REFUSED

@@ -57,6 +57,7 @@ class Plan:
     pod_estimate: Estimate  # of the move of the pod's claims together: its downtime
     replaces: str = ""  # phase of a finished VolumeMove of the claim that is replaced
     together: tuple[str, ...] = ()  # the pod's other node-local claims, which move with it
+    keep_source_seconds: int = 0  # --keep-source: the old volume kept after verification
 
     @property
     def key(self) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from topolvm.k8s.moveobject import MovePhase, MoveStatus, VolumeMoveObject
+from topolvm.k8s.moveobject import MovePhase, MoveStatus, OldVolume, VolumeMoveObject
 from topolvm.move.rules import Estimate, Refused
 from topolvm.ops.preflight import Plan
 from topolvm.units import human
@@ -51,11 +51,21 @@ def dry_run_text(plans: list[Plan]) -> str:
             "size; zero and unwritten blocks do not travel), most of it while the pod runs"
         )  # fmt: skip
     lines.append(f"  downtime: {downtime_text(plan.pod_estimate)}")
+    lines.append(f"  {keep_text(plan.keep_source_seconds)}")
     for p in plans:
         if p.replaces:
             lines.append(f"  the finished VolumeMove {p.key} ({p.replaces}) would be replaced")
     lines.append("dry run: nothing was changed")
     return "\n".join(lines) + "\n"
+
+
+def keep_text(keep: int) -> str:
+    """What becomes of the old volume (``--keep-source``)."""
+    then = f"kept {keep} s longer, then removed" if keep else "then removed"
+    return (
+        "the old volume stays until both nodes' digests of the data as of the swap match "
+        f"(the pod already runs on the target), {then}"
+    )
 
 
 def percent(done: int, total: int) -> float | None:
@@ -79,12 +89,19 @@ def outcome(move: VolumeMoveObject) -> tuple[str, int]:
     s = move.status
     claim = f"{move.namespace}/{move.claim or move.name}"
     if s.phase == MovePhase.SUCCEEDED:
+        kept = (f"; the old volume {s.old_pv} is kept until {s.keep_source_until}"
+                if s.old_volume == OldVolume.KEPT else "")  # fmt: skip
+        verified = f", verified (digest {s.target_digest[:16]})" if s.target_digest else ""
         return (
             f"moved claim {claim} from node {s.source_node or '?'} to node "
             f"{s.target_node or '?'}: downtime {s.downtime_seconds} s; "
-            f"{human(s.precopy_bytes)} pre-copied, {human(s.delta_bytes)} in the final copy",
+            f"{human(s.precopy_bytes)} pre-copied, {human(s.delta_bytes)} in the final copy"
+            f"{verified}{kept}",
             SUCCEEDED,
         )
+    if s.phase == MovePhase.UNVERIFIED:
+        return (f"move of claim {claim} not verified ({s.reason}): {s.message}; topolvm doctor "
+                f"-n {move.namespace} says what to do", FAILED)  # fmt: skip
     if s.phase == MovePhase.ROLLED_BACK:
         where = f"; the claim stays on node {s.source_node}" if s.source_node else ""
         return f"move of claim {claim} rolled back ({s.reason}): {s.message}{where}", FAILED

@@ -5,11 +5,14 @@
     │   └── ChecksumMismatch    a record's checksum does not match its bytes          [retried]
     ├── DigestMismatch          the whole-volume digest differs: the data is not what was sent
     ├── Refused                 the sender refused the job (``reason`` says why)
+    │   └── EarlyRefusal        ... before the receiver was authenticated (its token, the
+    │                           port's limits): anyone may cause one, so it is logged rarely
     ├── Unreachable             no connection, or the TLS peer is not the node it should be
     │   └── PeerMismatch        the sender's certificate is not the one its Node publishes
     ├── ConnectionLost          the connection broke or stalled mid-copy              [retried]
     ├── SourceFailed            the sender could not read its source (its FAIL record)
     ├── TargetFailed            the receiver could not write its target
+    ├── NoToken                 the receiver could not obtain a token to show the sender [retried]
     └── CopyImpossible          what no retry mends (a target too small, a thin target that
                                 cannot be cleared): the copy fails, and its target with it
 
@@ -50,6 +53,11 @@ class Refused(TransferError):
         self.transient = reason in ("busy", "unavailable", "unauthenticated")
 
 
+class EarlyRefusal(Refused):
+    """A refusal before the receiver was authenticated: its token was refused, or the port's
+    limits were reached. The sender logs these once per address and reason in a while."""
+
+
 REFUSALS = ("unauthenticated", "forbidden", "unknown-job", "replayed", "busy", "invalid",
             "unavailable")  # fmt: skip
 
@@ -72,6 +80,10 @@ class SourceFailed(TransferError):
 
 class TargetFailed(TransferError):
     """The receiver could not write its target volume."""
+
+
+class NoToken(TransferError):
+    """The receiver could not obtain (TokenRequest) the token it shows the sender's port."""
 
 
 class CopyImpossible(TransferError):

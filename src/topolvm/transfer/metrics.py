@@ -48,6 +48,30 @@ class TransferMetrics:
             ["node", "reason"],
             registry=registry,
         )
+        self.dropped = Counter(
+            "topolvm_transfer_connections_dropped",
+            "Connections to the transfer port closed before they were authorised, by reason: "
+            "rate (its address connected too often: closed at accept, before TLS), deadline "
+            "(no HELLO in time from accept), handshake (not TLS, TLS or HELLO malformed), "
+            "peer-limit (its address had too many pending: its oldest went), evicted (the "
+            "port's pending connections were full: the oldest of an address holding most went).",
+            ["node", "reason"],
+            registry=registry,
+        )
+        self.pending = Gauge(
+            "topolvm_transfer_pending_connections",
+            "Connections to the transfer port not yet authorised.",
+            ["node"],
+            registry=registry,
+        )
+        self.token_reviews = Counter(
+            "topolvm_transfer_token_reviews",
+            "TokenReviews the sender made, by result (authenticated, refused, failed); cached "
+            "answers, tokens refused without one and HELLOs of an address backed off after a "
+            "refusal are not counted.",
+            ["node", "result"],
+            registry=registry,
+        )
         self.progress = Gauge(
             "topolvm_transfer_copy_done_bytes",
             "How far a copy this node receives has come.",

@@ -13,13 +13,17 @@ where lvmd says its blocks differ from the base's, a thick cut only the chunks w
 older cut (lvmd reads the snapshots' exception tables), anything else wholly, compared with
 the base; what is equal travels as KEEP records (:mod:`.pipeline`).
 
-The handshake, the stream and the receiver's acknowledgements run in worker threads on
-blocking sockets (no event-loop hop per record); the loop only accepts, authorises and keeps
-count. Handshakes have threads of their own and one deadline for the TLS handshake and the
-HELLO together, and at most ``PENDING`` connections wait for theirs: peers that connect and
-stall cannot hold up a stream. At most ``limits.concurrency`` jobs stream at once; more are
-refused as ``busy`` and the receivers come back later. A job connecting again (after a cut
-link) replaces its earlier stream.
+The stream and the receiver's acknowledgements run in worker threads on blocking sockets (no
+event-loop hop per record). The loop accepts, does the TLS handshake and reads the HELLO within
+the port's limits (:mod:`.door`, :class:`~.door.PortLimits`: what a connection not yet
+authorised may cost is bounded; docs/security.md); then the HELLO's version is checked, at most
+``authorising_per_peer`` HELLOs of one address are authorised at once (more are refused
+``busy``), and ``authorise`` runs, knowing the peer's address (:data:`~.auth.CALLER`: the
+TokenReviews are bounded by :class:`~.auth.TokenReviewer`). Refusals made before a receiver is
+authenticated (:class:`~.errors.EarlyRefusal`) are logged once per address and reason in a
+while, like dropped connections; the others each time. At most ``limits.concurrency`` jobs
+stream at once; more are refused as ``busy`` and the receivers come back later. A job
+connecting again (after a cut link) replaces its earlier stream.
 """
 
 from __future__ import annotations
@@ -27,73 +31,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import ssl
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from topolvm.transfer import messages, plan, wire
+from topolvm.transfer.auth import CALLER
 from topolvm.transfer.blockio import Volume
 from topolvm.transfer.conn import Conn
-from topolvm.transfer.errors import DigestMismatch, Refused, SourceFailed, TransferError
+from topolvm.transfer.door import Door, PortLimits
+from topolvm.transfer.errors import EarlyRefusal, Refused, SourceFailed, TransferError
 from topolvm.transfer.jobs import Authorise, Job, Limits, VolumeInfo, Volumes
 from topolvm.transfer.metrics import TransferMetrics
 from topolvm.transfer.pipeline import RecordSource, Throttle
+from topolvm.transfer.resume import JobMemory
+from topolvm.transfer.resume import checked as _checked
 from topolvm.transfer.tls import server_context
 
 log = logging.getLogger(__name__)
-HANDSHAKE_TIMEOUT = 10.0  # for the TLS handshake and the HELLO together
-HANDSHAKES = 8  # at once, in threads of their own: slow or silent peers never hold a stream's
-PENDING = 64  # connections not yet authorised; more are closed at once
+HANDSHAKE_TIMEOUT = PortLimits().deadline
+AUTHORISING_PER_PEER = PortLimits().authorising_per_peer
 REMEMBERED_JOBS = 256
-REMEMBERED_BOUNDARIES = 4096  # per job: about 4 GiB of stream past its last acknowledgement
-
-
-@dataclass
-class JobMemory:
-    """What this process knows of a job's stream: the source it read, how far it sent, the
-    digest chain at the segment boundaries past the last checkpoint the receiver confirmed."""
-
-    source_id: str
-    sent_until: int = 0
-    boundaries: OrderedDict[int, bytes] = field(default_factory=OrderedDict)
-
-    def passed(self, offset: int, state: bytes) -> None:
-        self.boundaries[offset] = state
-        self.sent_until = max(self.sent_until, offset)
-        while len(self.boundaries) > REMEMBERED_BOUNDARIES:
-            self.boundaries.popitem(last=False)
-
-    def confirmed(self, offset: int, state: bytes) -> None:
-        """The receiver's checkpoint: it must match the chain sent there."""
-        known = self.boundaries.get(offset)
-        if known is not None and known != state:
-            raise DigestMismatch(
-                f"the receiver's checkpoint at {offset} differs from what was sent"
-            )
-        for old in [k for k in self.boundaries if k < offset]:
-            del self.boundaries[old]
-
-
-def _checked(
-    resume: messages.Resume, size: int, memory: JobMemory | None
-) -> tuple[int, bytes | None, str]:
-    offset, state = resume.offset, bytes.fromhex(resume.digest)
-    if offset == 0:
-        return 0, None, ""  # the start: the chain starts from its own initial value
-    if offset % wire.SEGMENT or offset > size:
-        return 0, None, f"checkpoint {offset} is not a segment boundary of the volume"
-    if memory is not None:
-        if offset > memory.sent_until:
-            return 0, None, f"checkpoint {offset} is past what was sent ({memory.sent_until})"
-        known = memory.boundaries.get(offset)
-        if known is not None and known != state:
-            return 0, None, f"checkpoint {offset} does not match what was sent there"
-    return offset, state, ""
 
 
 @dataclass(frozen=True)
@@ -126,142 +88,101 @@ class Reading:
         return "thin, its mapped blocks" if self.base is None else "thin, its changed blocks"
 
 
-def _shut(raw: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        raw.shutdown(socket.SHUT_RDWR)
-
-
 class TransferServer:
     def __init__(
         self, node: str, authorise: Authorise, volumes: Volumes, limits: Limits,
-        metrics: TransferMetrics,
+        metrics: TransferMetrics, *, port: PortLimits | None = None,
     ) -> None:  # fmt: skip
+        """``port``: what a connection may take before it is authorised (:mod:`.door`)."""
         self.node = node
         self.authorise = authorise
         self.volumes = volumes
         self.limits = limits
         self.metrics = metrics
+        self.port_limits = port or PortLimits()
         self.ssl: ssl.SSLContext | None = None  # made at start, with a fresh key
         self.fingerprint = ""
         self._pool = ThreadPoolExecutor(max_workers=2 * limits.concurrency + 2,
                                         thread_name_prefix="transfer-send")  # fmt: skip
-        self._handshakes = ThreadPoolExecutor(max_workers=HANDSHAKES,
-                                              thread_name_prefix="transfer-hello")  # fmt: skip
-        self._pending = 0
-        self.handshake_timeout = HANDSHAKE_TIMEOUT
-        self._listener: socket.socket | None = None
-        self._accepting: asyncio.Task[None] | None = None
-        self._handlers: set[asyncio.Task[None]] = set()
+        self._door = Door(node, self.port_limits, metrics, self._arrived,
+                          lambda: self.limits.io_timeout)  # fmt: skip
+        self._authorising: dict[str, int] = {}
         self._streams: dict[str, tuple[threading.Event, asyncio.Future[Any]]] = {}
         self._memory: OrderedDict[str, JobMemory] = OrderedDict()
 
     @property
     def port(self) -> int:
-        assert self._listener is not None
-        return int(self._listener.getsockname()[1])
+        return self._door.port
+
+    @property
+    def handshake_timeout(self) -> float:
+        """Seconds from accept for the TLS handshake and the HELLO."""
+        return self._door.deadline
+
+    @handshake_timeout.setter
+    def handshake_timeout(self, seconds: float) -> None:
+        self._door.deadline = seconds
 
     async def start(self, host: str, port: int) -> None:
-        self.ssl, self.fingerprint = await asyncio.to_thread(server_context, self.node)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(64)
-        sock.setblocking(False)
-        self._listener = sock
-        self._accepting = asyncio.create_task(self._accept_loop(), name="transfer-accept")
+        ctx, self.fingerprint = await asyncio.to_thread(server_context, self.node)
+        self.ssl = ctx
+        self._door.open(host, port, ctx)
 
     async def stop(self) -> None:
-        if self._accepting is not None:
-            self._accepting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._accepting
-        if self._listener is not None:
-            self._listener.close()
         for stop, _ in self._streams.values():
             stop.set()
-        for task in list(self._handlers):
-            task.cancel()
-        await asyncio.gather(*self._handlers, return_exceptions=True)
+        await self._door.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self._handshakes.shutdown(wait=False, cancel_futures=True)
-
-    async def _accept_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        assert self._listener is not None
-        while True:
-            raw, addr = await loop.sock_accept(self._listener)
-            if self._pending >= PENDING:
-                log.warning("transfer connection closed: too many not yet authorised",
-                            extra={"peer": addr[0], "pending": self._pending})  # fmt: skip
-                raw.close()
-                continue
-            task = asyncio.create_task(self._serve(raw, f"{addr[0]}:{addr[1]}"))
-            self._handlers.add(task)
-            task.add_done_callback(self._handlers.discard)
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
-    def _handshake(self, raw: socket.socket, peer: str) -> tuple[Conn, messages.Hello]:
-        raw.setblocking(True)
-        raw.settimeout(self.handshake_timeout)
-        raw.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        assert self.ssl is not None
-        # one deadline for the whole handshake: a peer trickling a byte now and then is cut off
-        deadline = threading.Timer(self.handshake_timeout, _shut, (raw,))
-        deadline.start()
+    async def _arrived(self, conn: Conn, hello: messages.Hello, address: str) -> None:
+        """A connection past its HELLO (:class:`~.door.Door`): answered, then closed."""
         try:
-            conn = Conn.tls(raw, self.ssl, peer, server=True)
-            try:
-                hello = conn.recv_message(messages.Hello)
-            except BaseException:
-                conn.close()
-                raise
-        except BaseException:
-            raw.close()
-            raise
-        finally:
-            deadline.cancel()
-        raw.settimeout(self.limits.io_timeout)
-        return conn, hello
-
-    async def _serve(self, raw: socket.socket, peer: str) -> None:
-        loop = asyncio.get_running_loop()
-        self._pending += 1
-        try:
-            conn, hello = await loop.run_in_executor(self._handshakes, self._handshake, raw, peer)
-        except TransferError as e:
-            log.warning("transfer connection dropped", extra={"peer": peer, "error": str(e)})
-            return
-        finally:
-            self._pending -= 1
-        try:
-            await self._answer(conn, hello)
+            await self._answer(conn, hello, address)
         except Refused as r:
             self.metrics.refusals.labels(self.node, r.reason).inc()
-            ctx = {"peer": peer, "job": hello.job, "reason": r.reason, "error": r.message}
-            log.warning("transfer refused", extra=ctx)
+            ctx = {"job": hello.job[:253], "error": r.message}
+            if isinstance(r, EarlyRefusal):  # anyone may cause these: not each one logged
+                self._door.note(address, r.reason, "transfer refused before the receiver "
+                                "was authenticated", ctx)  # fmt: skip
+            else:
+                log.warning("transfer refused", extra={"peer": conn.peer, "reason": r.reason,
+                                                       **ctx})  # fmt: skip
             refusal = messages.Refuse(reason=r.reason, message=r.message[:4000])  # type: ignore[arg-type]
             with contextlib.suppress(TransferError):
                 await self._run(conn.send_message, refusal)
         except Exception:  # a defect: logged; the peer sees the connection close
-            log.exception("transfer connection failed", extra={"peer": peer, "job": hello.job})
+            log.exception("transfer connection failed",
+                          extra={"peer": conn.peer, "job": hello.job[:253]})  # fmt: skip
         finally:
             conn.close()
 
-    async def _answer(self, conn: Conn, hello: messages.Hello) -> None:
-        job = await self.authorise(hello)
+    async def _answer(self, conn: Conn, hello: messages.Hello, address: str) -> None:
+        if hello.version != messages.VERSION:  # before authorise looks at (or cuts) anything
+            raise EarlyRefusal(
+                "invalid", f"protocol version {hello.version}, this node speaks {messages.VERSION}"
+            )
+        most = self.port_limits.authorising_per_peer
+        if self._authorising.get(address, 0) >= most:
+            raise EarlyRefusal("busy", f"{most} HELLOs from {address} are being authorised "
+                                       "already")  # fmt: skip
+        self._authorising[address] = self._authorising.get(address, 0) + 1
+        caller = CALLER.set(address)
+        try:
+            job = await self.authorise(hello)
+        finally:
+            CALLER.reset(caller)
+            self._authorising[address] -= 1
+            if not self._authorising[address]:
+                del self._authorising[address]
         ctx = {
             "peer": conn.peer,
             "job": job.target,
             "source": job.source,
             "target_node": job.target_node,
         }
-        if hello.version != messages.VERSION:
-            raise Refused(
-                "invalid", f"protocol version {hello.version}, this node speaks {messages.VERSION}"
-            )
         earlier = self._streams.get(job.uid)
         if earlier is not None:  # the same job again: its old connection is gone (a cut link)
             earlier[0].set()

@@ -1,16 +1,19 @@
 """Claims being moved to another node (VolumeMove objects, topolvm.k8s.moveobject): which step
 each move is at and how far it has come; a move that has not left its step for longer than
 ``--stuck-after``, with why (its message, the target LogicalVolume's copy, the claim's pod and
-its scheduling gate, topolvm-node and topolvm-controller) and the way out; and a move that
-rolled back recently, so that a pod restart has its explanation."""
+its scheduling gate, topolvm-node and topolvm-controller) and the way out; a move that
+rolled back recently, so that a pod restart has its explanation; and a move that did not
+verify, which keeps its old volume (:mod:`topolvm.doctor.moveverify`)."""
 
 from __future__ import annotations
 
 import datetime
+import re
 from dataclasses import dataclass, field
 
 from topolvm.constants import Names
 from topolvm.doctor.model import Check, Finding, Fix, Ref, Severity
+from topolvm.doctor.moveverify import unverified, verify_line, waiting_node
 from topolvm.doctor.snapshot import (
     BOTH,
     Obj,
@@ -36,10 +39,15 @@ STEPS = {
     MovePhase.STOPPING: "the pod is stopped; its re-created pod is held by a scheduling gate",
     MovePhase.FINAL_COPY: "what changed since the first copy is copied, the pod stopped",
     MovePhase.SWAPPING: "the claim is re-created bound to the new volume on the target",
-    MovePhase.STARTING: "the pod is let go onto the target; the old volume goes once it runs",
+    MovePhase.STARTING: "the pod is let go onto the target once its volume is cut for the "
+    "verification",
+    MovePhase.VERIFYING: "the pod runs on the target; both volumes' digests as of the swap are "
+    "compared before the old volume goes",
     MovePhase.ROLLING_BACK: "the move is undone: the claim stays on its source node",
 }
 COPYING = frozenset({MovePhase.PRE_COPY, MovePhase.FINAL_COPY})
+# the source node's word when the final cut waits for the source to close (node/transfer.py)
+STILL_OPEN = re.compile(r"the volume (\S+) is still open on node (\S+) \((.*?)\): ")
 # steps that hold the claim's re-created pod with the gate (Starting removes it)
 GATED = frozenset({MovePhase.STOPPING, MovePhase.FINAL_COPY, MovePhase.SWAPPING})
 
@@ -122,12 +130,44 @@ def _node_runs(snap: Snapshot, node: str) -> bool | None:
     return pod is not None and (pod.get("status") or {}).get("phase") == "Running"
 
 
+def _explain_verify(
+    snap: Snapshot, move: VolumeMoveObject, lv_kind: str, why: Why, evidence: list[str]
+) -> None:
+    """Starting and Verifying: the node whose cut or digest the move waits for (Verifying,
+    the pod running: only when that node does not run, or its verification waits)."""
+    st = move.status
+    lines = [verify_line(snap, lv_kind, "target", st.target_volume, move.uid)]
+    if st.phase == MovePhase.VERIFYING:
+        lines.append(verify_line(snap, lv_kind, "source", st.source_volume, move.uid))
+    evidence += lines
+    node = waiting_node(snap, lv_kind, move)
+    if not node:
+        return
+    what = "cut the target volume" if st.phase == MovePhase.STARTING else "digest its volume"
+    runs = _node_runs(snap, node)
+    if (
+        st.phase == MovePhase.VERIFYING
+        and runs is not False
+        and not any("message=waiting" in line for line in lines)
+    ):
+        return  # a large volume takes a while to read
+    why.add(
+        f"the move waits for node {node} to {what} for the verification"
+        + (" and topolvm-node does not run there" if runs is False else ""),
+        Fix(f"topolvm-node on node {node} makes the verification (its log says how far); the "
+            "move goes on once it reports. The old volume stays meanwhile.",
+            (snap.logs_command("topolvm-node", node),)),
+    )  # fmt: skip
+
+
 def _explain(
     snap: Snapshot, move: VolumeMoveObject, names: Names, copy: Obj, lv: Obj | None,
-    pod: Obj | None, evidence: list[str],
+    pod: Obj | None, evidence: list[str], lv_kind: str = "logicalvolumes",
 ) -> Why:  # fmt: skip
     """Why the move does not leave its step, from the evidence (also appended to it)."""
     st, why = move.status, Why()
+    if st.phase in (MovePhase.STARTING, MovePhase.VERIFYING):
+        _explain_verify(snap, move, lv_kind, why, evidence)
     source, target = st.source_node or "?", st.target_node or move.target_node or "?"
     node_logs = snap.logs_command("topolvm-node", target if target != "?" else "")
     copy_phase, copy_msg = str(copy.get("phase") or ""), str(copy.get("message") or "")
@@ -137,6 +177,18 @@ def _explain(
             Fix("The move rolls back by itself (topolvm-controller): the claim stays on node "
                 f"{source} with its data. Delete the VolumeMove only after it rolled back, then "
                 "fix the cause in the message and move again.", (node_logs,)),
+        )  # fmt: skip
+    elif (held := STILL_OPEN.search(copy_msg)) is not None:
+        volume, node, what = held.groups()
+        why.add(
+            f"the volume is still open on node {node}: {volume} ({what}); the final copy waits "
+            "until nothing uses it",
+            Fix(f"A pod whose object was deleted may still run on node {node} (force-deleted "
+                "while its node was cut off, or its kubelet stopped): the move goes on once it "
+                f"stops and the volume is unmounted. Start node {node}'s kubelet again (it stops "
+                "the orphaned container and unmounts the volume), or stop that container on the "
+                "node; never remove the mount by hand while it writes.",
+                (f"kubectl get node {node}", snap.logs_command("topolvm-node", node))),
         )  # fmt: skip
     elif copy_msg.startswith("waiting"):
         waited = str(copy.get("sourceNode") or source)
@@ -247,6 +299,8 @@ def _one(snap: Snapshot, obj: Obj, names: Names, lv_kind: str) -> Finding | None
                  (show,)),),
             subjects, context,
         )  # fmt: skip
+    if st.phase == MovePhase.UNVERIFIED:
+        return unverified(snap, obj, names, lv_kind)
     if move.done:
         return None
     lv = snap.get(lv_kind, st.target_volume) if st.target_volume else None
@@ -268,14 +322,14 @@ def _one(snap: Snapshot, obj: Obj, names: Names, lv_kind: str) -> Finding | None
             f"{human(int(copy.get('bytesPerSecond') or 0))}/s, "
             f"message: {copy.get('message') or '(none)'}"
         )  # fmt: skip
-    why = _explain(snap, move, names, copy, lv, pod, evidence)
+    why = _explain(snap, move, names, copy, lv, pod, evidence, lv_kind)
     copy_phase = str(copy.get("phase") or "")
     lv_age = snap.age(last_write(lv)) if lv is not None else None
     progressing = (
         st.phase in COPYING and copy_phase == "Copying"
         and int(copy.get("bytesPerSecond") or 0) > 0
         and (lv_age is None or lv_age <= snap.settings.stuck_after)
-    )  # fmt: skip
+    ) or (st.phase == MovePhase.VERIFYING and not why.reasons)  # fmt: skip
     if age is not None:
         stuck = age > snap.settings.stuck_after and not progressing
     else:  # how long the step lasted is unknown: the target's copy tells
@@ -293,16 +347,22 @@ def _one(snap: Snapshot, obj: Obj, names: Names, lv_kind: str) -> Finding | None
                     "the VolumeMove records.", (snap.logs_command(CONTROLLER_CONTAINER),)),
             )  # fmt: skip
     step = f"step {st.phase} ({STEPS.get(st.phase, 'unknown step')})"
+    wait = Fix("Nothing to fix: wait for it (the VolumeMove's status shows its progress).",
+               (show,))  # fmt: skip
+    # (the copy's reason comes first) the pod is down while the source is open: said at once
+    if not stuck and why.reasons and "is still open on node" in why.reasons[0]:
+        return Finding(
+            ID, Severity.WARNING,
+            f"claim {claim} is being moved {where}: {step}" + (f", {progress}" if progress else ""),
+            why.reasons[0], tuple(evidence), (why.fixes[0], wait), subjects, context,
+        )  # fmt: skip
     if not stuck:
         return Finding(
             ID, Severity.WARNING,
             f"claim {claim} is being moved {where}: {step}" + (f", {progress}" if progress else ""),
             st.message or (why.reasons[0] if why.reasons else "topolvm-controller moves it "
                                                                "step by step"),
-            tuple(evidence),
-            (Fix("Nothing to fix: wait for it (the VolumeMove's status shows its progress).",
-                 (show,)),),
-            subjects, context,
+            tuple(evidence), (wait,), subjects, context,
         )  # fmt: skip
     cause = (
         why.reasons[0]
