@@ -16,7 +16,7 @@ from lightkube import AsyncClient
 from lightkube.models.authentication_v1 import TokenReviewSpec
 from lightkube.resources.authentication_v1 import TokenReview
 
-from tests.kube_fixtures import client_for
+from tests import transfer_port_helpers as fixtures
 from tests.transfer_port_helpers import ACCOUNT, TokenReviewEmulator, jwt
 from topolvm.k8s import api as kube_api
 from topolvm.transfer.auth import LEGACY_AUDIENCE, TokenReviewer, audience, older_sender
@@ -37,13 +37,7 @@ async def emulator() -> AsyncIterator[TokenReviewEmulator]:
         await emu.stop()
 
 
-@pytest.fixture
-async def api(emulator: TokenReviewEmulator) -> AsyncIterator[AsyncClient]:
-    client = client_for(emulator)
-    try:
-        yield client
-    finally:
-        await client.close()
+api = fixtures.api  # a client of this module's ``emulator`` (the one below knows a pod)
 
 
 async def test_each_source_gets_a_token_good_at_its_port_alone(
