@@ -73,8 +73,12 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
+# Two pytest-xdist workers, each with its own network namespace and control plane; a module is
+# one group (its test bed made once) and the real-LVM tier is one guest's share per worker
+# (tests/conftest.py). PYTEST_WORKERS=0 runs it all in one process.
+PYTEST_WORKERS ?= 2
 test: deps gotools tools umlkernel lint typecheck
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 # The crash campaign (tests/test_cluster_chaos.py, docs/reliability.md): seeded runs, each one
 # operation with one SIGKILL or power loss. make test runs 10 of them; this the long campaign.

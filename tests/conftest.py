@@ -24,11 +24,33 @@ from tests.cluster_fixtures import report_stats
 from tests.lvm_fixtures import *  # noqa: F403  (fixtures for the real-LVM tier)
 
 
+# Before pytest-xdist's own hook, which turns the xdist_group marks into the groups it sends.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
-    if not uml_tier.IN_UML:
-        uml_tier.proxy_items(items)
+    if uml_tier.IN_UML:
+        return
+    grouped = bool(getattr(config.option, "loadgroup", False))
+    uml_tier.proxy_items(items, by_share=grouped)
+    if grouped:
+        group_by_module(items)
+
+
+def group_by_module(items: list[pytest.Item]) -> None:
+    """``make test`` runs two pytest-xdist workers (``--dist loadgroup``): each module is one
+    group, so a module's test bed is made once, on one worker. The real-control-plane and image
+    modules go first (the longest), the host's quick modules fill in the end."""
+    for item in items:
+        if not isinstance(item, uml_tier.UmlProxy):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+    def rank(item: pytest.Item) -> int:
+        if isinstance(item, uml_tier.UmlProxy):
+            return 0
+        return 1 if item.get_closest_marker("cluster") or item.get_closest_marker("image") else 2
+
+    items.sort(key=rank)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -51,7 +73,10 @@ def _prepare_cluster_tier(config: pytest.Config) -> None:
         except BuildError as exc:
             raise pytest.UsageError(f"cannot build the real control plane: {exc}") from exc
     threads = os.listdir("/proc/self/task")
-    if len(threads) != 1:
+    # An xdist worker has one more thread, execnet's, which only passes the controller's
+    # messages over the worker's pipes: it stays outside the namespace and sends no packet.
+    allowed = 2 if uml_tier.WORKER is not None and threading.active_count() == 1 else 1
+    if len(threads) > allowed:
         raise pytest.UsageError(
             f"the cluster tier must enter its network namespace while pytest has one thread "
             f"(found {len(threads)})"
@@ -62,10 +87,27 @@ def _prepare_cluster_tier(config: pytest.Config) -> None:
         raise pytest.UsageError(f"the cluster tier needs its own network namespace: {exc}") from exc
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    line = report_stats()
+_worker_lines: list[str] = []
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An xdist worker hands its figures (control plane, chaos campaign) to the controller."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["topolvm_stats"] = report_stats() or ""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    line = (getattr(node, "workeroutput", None) or {}).get("topolvm_stats")
     if line:
-        terminalreporter.write_line(line)
+        _worker_lines.append(f"[{node.gateway.id}] {line}")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for line in [report_stats(), *_worker_lines]:
+        if line:
+            terminalreporter.write_line(line)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -6,6 +6,7 @@ the real cluster, a watch for a bound PV or its LogicalVolume being deleted."""
 from __future__ import annotations
 
 import asyncio
+import calendar
 import contextlib
 import random
 import time
@@ -134,6 +135,20 @@ def node_verifies(emu: KubeEmulator, name: str, uid: str, phase: str = "Cut",
     if phase in ("Done", "Failed"):  # as the node writes it (node/verify.py)
         st["completionTime"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     lv.setdefault("status", {})["verify"] = st
+    emu.create(lv)
+
+
+def keep_passes(emu: KubeEmulator, name: str, seconds: int) -> None:
+    """As if ``seconds`` had passed since the node of LogicalVolume ``name`` finished its
+    digest: its ``status.verify.completionTime`` moved that far back (no test sleeps out a
+    keep, and none races one on a slow machine)."""
+    lv = emu.get("logicalvolumes", name, group="topolvm.io")
+    assert lv is not None
+    st = (lv.get("status") or {}).get("verify") or {}
+    then = time.strptime(st["completionTime"], "%Y-%m-%dT%H:%M:%SZ")
+    st["completionTime"] = time.strftime(
+        "%Y-%m-%dT%H:%M:%SZ", time.gmtime(calendar.timegm(then) - seconds)
+    )
     emu.create(lv)
 
 

@@ -36,8 +36,10 @@ STALL_SECONDS = float(os.environ.get("TOPOLVM_UML_STALL_SECONDS", "240"))
 # loaded host that alone took more than a short STALL_SECONDS (CI, 2026-11-26), so it has its own.
 BOOT_SECONDS = max(STALL_SECONDS, 300.0)
 GUEST_SETTINGS = ("TOPOLVM_FUZZ_EXAMPLES", "TOPOLVM_HANG_SECONDS")
-_results_key = pytest.StashKey[dict[str, list[dict[str, Any]]]]()
-_error_key = pytest.StashKey[str]()
+# Per share (None: the whole tier in one host process; a number: one xdist worker's share).
+_results_key = pytest.StashKey[dict[int | None, dict[str, list[dict[str, Any]]]]]()
+_error_key = pytest.StashKey[dict[int | None, str]]()
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # set in a pytest-xdist worker (make test)
 # Set when the host's run is interrupted (Ctrl-C): every running guest is then killed at its
 # next progress check instead of running its share to the end.
 _interrupted = threading.Event()
@@ -53,16 +55,18 @@ class UmlProxy(pytest.Item):
     def __init__(self, *, location: tuple[str, int | None, str], **kwargs: Any):
         super().__init__(**kwargs)
         self._location = location
+        self.inner_id = self.nodeid  # xdist's loadgroup appends "@<group>" to nodeid
+        self.share: int | None = None  # the guest's share it runs in, under xdist
 
     def reportinfo(self) -> tuple[str, int | None, str]:
         return self._location
 
     def runtest(self) -> None:
-        results = _run_all(self.session)
-        reports = results.get(self.nodeid)
+        results = _run_all(self.session, self.share)
+        reports = results.get(self.inner_id)
         if not reports:
-            error = self.session.stash.get(_error_key, "")
-            raise UmlFailure(f"no result from inside UML for {self.nodeid}\n{error}")
+            error = self.session.stash.get(_error_key, {}).get(self.share, "")
+            raise UmlFailure(f"no result from inside UML for {self.inner_id}\n{error}")
         failed = [r for r in reports if r["outcome"] == "failed"]
         if failed:
             text = "\n".join(f"[inside UML, {r['when']}]\n{r['longrepr']}" for r in failed)
@@ -82,12 +86,16 @@ class UmlProxy(pytest.Item):
         return super().repr_failure(excinfo)
 
 
-def proxy_items(items: list[pytest.Item]) -> None:
+def proxy_items(items: list[pytest.Item], by_share: bool = False) -> None:
     """Replace ``uml`` items by proxies (host side), and run them first: the guests then have
     the host's cores to themselves, before the cluster tier's control plane (which runs for
     the rest of the session) is started. Behind it, in a full run, one guest took about 600 s
-    for 72 of the tier's tests; first and in two guests, the whole tier takes about 175 s."""
-    proxies: list[pytest.Item] = []
+    for 72 of the tier's tests; first and in two guests, the whole tier takes about 175 s.
+
+    ``by_share`` (pytest-xdist's ``--dist loadgroup``, as ``make test`` runs): the tier is split
+    into guests' shares up front, each an xdist group, so that each worker boots one guest for
+    one share, both at the start, as the single process boots its guests side by side."""
+    proxies: list[UmlProxy] = []
     others: list[pytest.Item] = []
     for item in items:
         if item.get_closest_marker("uml") is None:
@@ -97,24 +105,43 @@ def proxy_items(items: list[pytest.Item]) -> None:
         proxy = UmlProxy.from_parent(item.parent, name=item.name, location=item.location)
         proxy.own_markers.extend(m for m in item.own_markers if m.name != "parametrize")
         proxies.append(proxy)
+    if by_share and proxies:
+        try:
+            guests = guest_count(os.environ.get("TOPOLVM_UML_GUESTS"), os.cpu_count())
+        except ValueError:  # reported by the run, with the tests
+            guests = 1
+        where = {n: i for i, s in enumerate(shard([p.nodeid for p in proxies], guests)) for n in s}
+        for proxy in proxies:
+            proxy.share = where[proxy.nodeid]
+            proxy.add_marker(pytest.mark.xdist_group(f"uml-{proxy.share}"))
+        proxies.sort(key=lambda p: p.share or 0)
     items[:] = proxies + others
 
 
-def _run_all(session: pytest.Session) -> dict[str, list[dict[str, Any]]]:
-    if _results_key in session.stash:
-        return session.stash[_results_key]
-    nodeids = [item.nodeid for item in session.items if isinstance(item, UmlProxy)]
+def _run_all(session: pytest.Session, share: int | None) -> dict[str, list[dict[str, Any]]]:
+    """Run the tier's tests (``share``: only that share's, in one guest) once; their results."""
+    done = session.stash.setdefault(_results_key, {})
+    if share in done:
+        return done[share]
+    errors_of = session.stash.setdefault(_error_key, {})
+    nodeids = [
+        item.inner_id
+        for item in session.items
+        if isinstance(item, UmlProxy) and item.share == share
+    ]
     results: dict[str, list[dict[str, Any]]] = {}
-    session.stash[_results_key] = results
+    done[share] = results
     reason = uml.available()
     if reason:
-        session.stash[_error_key] = f"User-Mode Linux is not available: {reason}"
+        errors_of[share] = f"User-Mode Linux is not available: {reason}"
         return results
     try:
         guests = guest_count(os.environ.get("TOPOLVM_UML_GUESTS"), os.cpu_count())
     except ValueError as e:
-        session.stash[_error_key] = str(e)
+        errors_of[share] = str(e)
         return results
+    if share is not None:
+        guests = 1
     (REPO / ".uml").mkdir(exist_ok=True)
     shards = shard(nodeids, guests)
     sizes = " + ".join(str(len(s)) for s in shards)
@@ -137,7 +164,7 @@ def _run_all(session: pytest.Session) -> dict[str, list[dict[str, Any]]]:
         if error:
             errors.append(error)
     if errors:
-        session.stash[_error_key] = "\n".join(errors)
+        errors_of[share] = "\n".join(errors)
     return results
 
 
@@ -262,13 +289,17 @@ def _boot(nodeids: list[str], results_file: str) -> uml.UmlResult | uml.UmlError
 
 
 def _say(session: pytest.Session, line: str) -> None:
-    """Print to the terminal even while pytest captures the running test's output."""
+    """Print to the terminal even while pytest captures the running test's output (an xdist
+    worker's terminal writes to /dev/null: it writes to stderr, which is the run's)."""
     terminal = session.config.pluginmanager.get_plugin("terminalreporter")
     capman = session.config.pluginmanager.get_plugin("capturemanager")
-    if terminal is None or capman is None:
+    if capman is None or (terminal is None and WORKER is None):
         return
     with capman.global_and_fixture_disabled():
-        terminal.write_line(f"\n{line}")
+        if terminal is None or WORKER is not None:
+            print(f"\n[{WORKER}] {line}", file=sys.stderr, flush=True)
+        else:
+            terminal.write_line(f"\n{line}")
 
 
 def record(report: pytest.TestReport) -> None:
