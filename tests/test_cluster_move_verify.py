@@ -24,8 +24,8 @@ from tests.helpers import eventually
 from tests.leader_helpers import controller_of, freeze
 from tests.lvm_fixtures import THICK, THIN
 from tests.move_helpers import move_done
+from tests.move_writer_helpers import writer
 from tests.provisioning import NS, Scenario, events_for, shared_nodes
-from tests.test_cluster_transfer import _writer
 from topolvm.k8s import api
 from topolvm.k8s.lvobject import CopyPhase, LogicalVolumeObject
 from topolvm.k8s.moveobject import MovePhase, VolumeMoveObject
@@ -122,7 +122,7 @@ async def test_a_block_flipped_on_the_target_after_the_final_copy_keeps_the_sour
     pair: Scenario, driver: DriverStack
 ) -> None:
     s = pair
-    async with _writer(s) as w:
+    async with writer(s) as w:
         target = next(n for n in s.nodes if n.name == w.target)
         source = next(n for n in s.nodes if n.name == w.source)
         first = await api.get(s.client, Pod, w.pod, namespace=NS)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -21,7 +20,6 @@ from lightkube.resources.core_v1 import Node, Pod
 
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import DriverStack
-from devtools.testbed.process import HarnessError
 from devtools.testbed.umlnode import UmlNode
 from tests.cluster_fixtures import unique
 from tests.doctor_helpers import about, doctor
@@ -30,7 +28,6 @@ from tests.lvm_fixtures import THICK, THIN
 from tests.move_helpers import (
     at_phases,
     budget,
-    check_log,
     delete_move,
     lvs_accounted,
     move_done,
@@ -39,6 +36,7 @@ from tests.move_helpers import (
     start_move,
     writer_set,
 )
+from tests.move_writer_helpers import answers, lines_on, move_of, node_ready, refused, writer
 from tests.provisioning import NS, GiB, Scenario, claim, events_for, pvc, shared_nodes
 from tests.transfer_helpers import (
     MiB,
@@ -54,7 +52,7 @@ from tests.transfer_helpers import (
 )
 from topolvm.k8s import api
 from topolvm.k8s.lvobject import CopyPhase
-from topolvm.k8s.moveobject import MovePhase, VolumeMoveObject
+from topolvm.k8s.moveobject import MovePhase
 
 pytestmark = pytest.mark.cluster
 
@@ -235,30 +233,13 @@ async def test_doctor_names_the_source_node_a_claim_waits_for(abc: Scenario) -> 
     await lvs_accounted(s, "the restore")
 
 
-@contextlib.contextmanager
-def refused(client_node: UmlNode, server: UmlNode) -> Iterator[None]:
-    """``client_node``'s connections to ``server``'s transfer port are refused (a TCP reset),
-    in the test's network namespace; the API server stays reachable."""
-    rules = (
-        "table inet topolvm_test_refuse {\n chain forwarded {\n"
-        "  type filter hook forward priority 0;\n"
-        f"  ip saddr {client_node.address} ip daddr {server.address} tcp dport 9850 "
-        "reject with tcp reset\n }\n}\n"
-    )
-    subprocess.run(["nft", "-f", "-"], input=rules, text=True, check=True)
-    try:
-        yield
-    finally:
-        subprocess.run(["nft", "delete", "table", "inet", "topolvm_test_refuse"], check=False)
-
-
 async def test_a_pods_two_claims_move_together_losing_no_write(abc: Scenario) -> None:
     """``topolvm move`` of a StatefulSet pod's claim: its pod also mounts a thick claim, and
     both move, to one node. The pod writes a numbered, synced log without pause through the
     pre-copy; on the target the log holds every line written up to the pod's stop (its last
     line "stop N" too), the files written before the move are intact on both claims, and the
     old volumes are gone."""
-    async with _writer(abc, logs=True) as w:
+    async with writer(abc, logs=True) as w:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "topolvm", "move", "-n", NS, f"pvc/{w.claim}",
             f"--to={w.target}", f"--kubeconfig={abc.cp.kubeconfig}", "--timeout=10m",
@@ -288,7 +269,7 @@ async def test_a_move_survives_crashes_at_every_step(abc: Scenario, driver: Driv
     in every step of a move: the move goes on from where it was, and ends with every write in
     place."""
     s = abc
-    async with _writer(s) as w:
+    async with writer(s) as w:
         ends = [n for n in s.nodes if n.name in (w.source, w.target)]
 
         def kill_all() -> None:
@@ -313,7 +294,7 @@ async def test_a_move_survives_a_power_cut_of_its_target_at_every_step(abc: Scen
     verification): each time it boots again (its kubelet, containerd and topolvm-node with it),
     the move goes on from where it was, and the pod runs on the target with every write."""
     s = abc
-    async with _writer(s) as w:
+    async with writer(s) as w:
         target = next(n for n in s.nodes if n.name == w.target)
         cuts: list[str] = []  # phase: what LVM's activation said after the boot
 
@@ -339,7 +320,7 @@ async def test_a_move_survives_a_power_cut_of_its_target_at_every_step(abc: Scen
         assert len(cuts) >= 3, cuts
         print(f"power cuts of the target: {cuts}")
         # the last cut may land in Verifying: the move ends while the node's kubelet starts
-        await eventually(f"pod {w.pod} answers on {target.name}", partial(_answers, s, w.pod), 180)
+        await eventually(f"pod {w.pod} answers on {target.name}", partial(answers, s, w.pod), 180)
         await w.check(vm)
 
 
@@ -348,7 +329,7 @@ async def test_a_move_survives_its_link_cut_in_both_copies(abc: Scenario) -> Non
     pre-copy and once in the final copy: each copy waits and says so (CopyWaiting), then goes on
     once the link heals, and the move ends with every write in place."""
     s = abc
-    async with _writer(s) as w:
+    async with writer(s) as w:
         source = next(n for n in s.nodes if n.name == w.source)
         target = next(n for n in s.nodes if n.name == w.target)
 
@@ -426,71 +407,6 @@ async def test_a_drain_moves_every_claim_within_the_disruption_budget(abc: Scena
                 await delete_move(s.client, c)
 
 
-class _Writer:
-    def __init__(self, s: Scenario, name: str, logs: bool = False) -> None:
-        self.s = s
-        self.name = name
-        self.pod, self.claim = f"{name}-0", f"data-{name}-0"
-        self.logs = f"logs-{name}-0" if logs else ""  # a second claim of the pod (thick)
-        self.source = self.target = self.blob = self.logs_blob = ""
-        self.written = 0
-
-    async def start(self) -> None:
-        s = self.s
-        await s.running(self.pod)
-        first = await api.get(s.client, Pod, self.pod, namespace=NS)
-        assert first is not None
-        self.source = first["spec"]["nodeName"]
-        self.target = next(n.name for n in s.nodes if n.name != self.source)
-        self.blob = s.exec(self.pod, "head -c 48m /dev/urandom > /data/blob; sync; "
-                           "sha256sum /data/blob")  # fmt: skip
-        if self.logs:
-            self.logs_blob = s.exec(self.pod, "head -c 16m /dev/urandom > /logs/blob; sync; "
-                                    "sha256sum /logs/blob")  # fmt: skip
-        self.written = int(s.exec(self.pod, "wc -l < /data/log"))
-
-    async def check(self, vm: VolumeMoveObject, logs: VolumeMoveObject | None = None) -> None:
-        """Moved: the pod runs on the target with every write and the blobs; the old LVs
-        gone."""
-        s = self.s
-        assert vm.status.source_node == self.source and vm.status.target_node == self.target
-        await s.running(self.pod)
-        moved = await api.get(s.client, Pod, self.pod, namespace=NS)
-        assert moved is not None and moved["spec"]["nodeName"] == self.target
-        check_log(s.exec(self.pod, "cat /data/log").split("\n"), self.written)
-        assert s.exec(self.pod, "sha256sum /data/blob") == self.blob
-        if logs is not None:
-            assert s.exec(self.pod, "sha256sum /logs/blob") == self.logs_blob
-        res = api.logicalvolume_resource(s.names)
-        for done in (vm, logs) if logs is not None else (vm,):
-            old = done.status.source_volume
-            await eventually(f"the old LogicalVolume {old} gone", partial(_gone, s, res, old))
-        await lvs_accounted(s, "the move")
-
-
-@contextlib.asynccontextmanager
-async def _writer(s: Scenario, logs: bool = False) -> AsyncIterator[_Writer]:
-    """A writing StatefulSet on a thin claim (and a thick one, with ``logs``), with the move
-    webhook; all removed after."""
-    thin = s.sc(device_class="thin", fs_type="xfs")
-    w = _Writer(s, unique("mv"), logs)
-    s.claims.extend(c for c in (w.claim, w.logs) if c)
-    async with move_webhook(s.cp, s.client):
-        s.cp.apply(writer_set(w.name, thin, s.group, logs_sc=s.sc() if logs else ""))
-        try:
-            await w.start()
-            yield w
-        finally:
-            s.cp.kubectl("delete", "statefulset", w.name, "-n", NS, "--wait=true", check=False)
-            for c in (w.claim, w.logs):
-                if c:
-                    await delete_move(s.client, c)
-
-
-async def _gone(s: Scenario, res: Any, name: str) -> bool:
-    return await api.get(s.client, res, name) is None
-
-
 async def test_a_move_waits_until_a_force_deleted_pods_writer_stops(abc: Scenario) -> None:
     """The source node's kubelet is stopped (its container writes on) and the moved pod's
     object force-deleted: the final copy waits, its message and topolvm doctor saying the
@@ -498,7 +414,7 @@ async def test_a_move_waits_until_a_force_deleted_pods_writer_stops(abc: Scenari
     The kubelet started again stops the orphaned container and unmounts the volume; the move
     ends with every line the writer wrote, also after its pod object was gone, on the target."""
     s = abc
-    async with _writer(s) as w:
+    async with writer(s) as w:
         source = next(n for n in s.nodes if n.name == w.source)
         claimed = await pvc(s.client, w.claim)
         assert claimed is not None
@@ -513,8 +429,8 @@ async def test_a_move_waits_until_a_force_deleted_pods_writer_stops(abc: Scenari
 
             await eventually("the pod being deleted", deleting, timeout=180)
             s.cp.kubectl("delete", "pod", w.pod, "-n", NS, "--force", "--grace-period=0")
-            gone_at = await _lines_on(source, pv)
-            vm = await _move(s.client, w.claim)
+            gone_at = await lines_on(source, pv)
+            vm = await move_of(s.client, w.claim)
             res = api.logicalvolume_resource(s.names)
             still = f"is still open on node {source.name}"
 
@@ -530,9 +446,9 @@ async def test_a_move_waits_until_a_force_deleted_pods_writer_stops(abc: Scenari
             [finding] = about(doc, "volume-move", w.claim)
             assert finding["cause"].startswith(f"the volume is still open on node {source.name}")
             for _ in range(10):  # no swap while it writes
-                assert (await _move(s.client, w.claim)).status.phase == MovePhase.FINAL_COPY
+                assert (await move_of(s.client, w.claim)).status.phase == MovePhase.FINAL_COPY
                 await asyncio.sleep(1)
-            written = await _lines_on(source, pv)
+            written = await lines_on(source, pv)
             assert written > gone_at  # it wrote on after its pod object was gone
         finally:
             source.respawn("kubelet")  # it stops the orphaned container, unmounts the volume
@@ -542,35 +458,9 @@ async def test_a_move_waits_until_a_force_deleted_pods_writer_stops(abc: Scenari
         lines = s.exec(w.pod, "cat /data/log").strip().split("\n")
         assert lines[:written] == [str(i) for i in range(written)], "an acknowledged write lost"
         assert all(n == str(i) or n.startswith("stop ") for i, n in enumerate(lines)), lines[-5:]
-        await eventually(f"node {source.name} Ready again", partial(_ready, s, source.name), 120)
-
-
-async def _lines_on(node: UmlNode, pv: str) -> int:
-    """Lines of the writer's log, read on ``node`` through its pod's mount of ``pv``."""
-    script = (f"f=$(grep -m1 '/{pv}/mount ' /proc/mounts | cut -d' ' -f2); "
-              'test -n "$f" && wc -l < "$f/log"')  # fmt: skip
-    return int((await node.aexec("sh", "-c", script)).stdout)
-
-
-async def _move(client: AsyncClient, claim_name: str) -> VolumeMoveObject:
-    obj = await api.get(client, api.volumemove_resource(), claim_name, namespace=NS)
-    assert obj is not None
-    return VolumeMoveObject.from_dict(obj)
-
-
-async def _answers(s: Scenario, pod: str) -> bool:
-    """The pod's container runs a command (its node's kubelet serves ``exec`` again)."""
-    try:
-        s.exec(pod, "true")
-    except HarnessError:
-        return False
-    return True
-
-
-async def _ready(s: Scenario, name: str) -> bool:
-    node = await api.get(s.client, Node, name)
-    conditions = ((node or {}).get("status") or {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+        await eventually(
+            f"node {source.name} Ready again", partial(node_ready, s, source.name), 120
+        )
 
 
 # last: it powers node A off for good (the tests above need the three nodes)

@@ -248,9 +248,20 @@ class VerifyJobs:
                                   {"status": {"verify": st.to_patch()}})  # fmt: skip
 
     async def _waiting(self, lv: LogicalVolumeObject, message: str) -> None:
-        st = lv.verify if lv.verify is not None and lv.verify.id == lv.verify_id else None
-        st = st or VerifyStatus(lv.verify_id, VerifyPhase.PENDING)
+        """Say why the job waits, keeping the phase the status has now: a Cut written by this
+        job before the error stays Cut (read as Pending, the next try would cut again, after
+        the moved pod may have written)."""
         try:
+            fresh = await self._read(lv.name)
+            if fresh is None or fresh.uid != lv.uid:
+                return
+            st = fresh.verify if fresh.verify is not None else None
+            if (
+                st is None
+                or st.id != lv.verify_id
+                or st.phase not in (VerifyPhase.PENDING, VerifyPhase.CUT)
+            ):
+                st = VerifyStatus(lv.verify_id, VerifyPhase.PENDING)
             await self._write(lv.name, replace(st, message=message))
         except kube.KubeError as e:
             ctx = {"lv": lv.name, "error": kube.describe(e)}

@@ -1,0 +1,133 @@
+"""A move's writer for the cluster tests: a StatefulSet pod on a thin claim (and a thick
+one) writing numbered lines and blobs, the move webhook on; what a moved pod must still have;
+and the small waits the move tests share (a transfer port refused, a node Ready again)."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from functools import partial
+from typing import Any
+
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Node, Pod
+
+from devtools.testbed.process import HarnessError
+from devtools.testbed.umlnode import UmlNode
+from tests.cluster_fixtures import unique
+from tests.helpers import eventually
+from tests.move_helpers import check_log, delete_move, lvs_accounted, move_webhook, writer_set
+from tests.provisioning import NS, Scenario
+from topolvm.k8s import api
+from topolvm.k8s.moveobject import VolumeMoveObject
+
+
+@contextlib.contextmanager
+def refused(client_node: UmlNode, server: UmlNode) -> Iterator[None]:
+    """``client_node``'s connections to ``server``'s transfer port are refused (a TCP reset),
+    in the test's network namespace; the API server stays reachable."""
+    rules = (
+        "table inet topolvm_test_refuse {\n chain forwarded {\n"
+        "  type filter hook forward priority 0;\n"
+        f"  ip saddr {client_node.address} ip daddr {server.address} tcp dport 9850 "
+        "reject with tcp reset\n }\n}\n"
+    )
+    subprocess.run(["nft", "-f", "-"], input=rules, text=True, check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["nft", "delete", "table", "inet", "topolvm_test_refuse"], check=False)
+
+
+class Writer:
+    def __init__(self, s: Scenario, name: str, logs: bool = False) -> None:
+        self.s = s
+        self.name = name
+        self.pod, self.claim = f"{name}-0", f"data-{name}-0"
+        self.logs = f"logs-{name}-0" if logs else ""  # a second claim of the pod (thick)
+        self.source = self.target = self.blob = self.logs_blob = ""
+        self.written = 0
+
+    async def start(self) -> None:
+        s = self.s
+        await s.running(self.pod)
+        first = await api.get(s.client, Pod, self.pod, namespace=NS)
+        assert first is not None
+        self.source = first["spec"]["nodeName"]
+        self.target = next(n.name for n in s.nodes if n.name != self.source)
+        self.blob = s.exec(self.pod, "head -c 48m /dev/urandom > /data/blob; sync; "
+                           "sha256sum /data/blob")  # fmt: skip
+        if self.logs:
+            self.logs_blob = s.exec(self.pod, "head -c 16m /dev/urandom > /logs/blob; sync; "
+                                    "sha256sum /logs/blob")  # fmt: skip
+        self.written = int(s.exec(self.pod, "wc -l < /data/log"))
+
+    async def check(self, vm: VolumeMoveObject, logs: VolumeMoveObject | None = None) -> None:
+        """Moved: the pod runs on the target with every write and the blobs; the old LVs
+        gone."""
+        s = self.s
+        assert vm.status.source_node == self.source and vm.status.target_node == self.target
+        await s.running(self.pod)
+        moved = await api.get(s.client, Pod, self.pod, namespace=NS)
+        assert moved is not None and moved["spec"]["nodeName"] == self.target
+        check_log(s.exec(self.pod, "cat /data/log").split("\n"), self.written)
+        assert s.exec(self.pod, "sha256sum /data/blob") == self.blob
+        if logs is not None:
+            assert s.exec(self.pod, "sha256sum /logs/blob") == self.logs_blob
+        res = api.logicalvolume_resource(s.names)
+        for done in (vm, logs) if logs is not None else (vm,):
+            old = done.status.source_volume
+            await eventually(f"the old LogicalVolume {old} gone", partial(gone, s, res, old))
+        await lvs_accounted(s, "the move")
+
+
+@contextlib.asynccontextmanager
+async def writer(s: Scenario, logs: bool = False) -> AsyncIterator[Writer]:
+    """A writing StatefulSet on a thin claim (and a thick one, with ``logs``), with the move
+    webhook; all removed after."""
+    thin = s.sc(device_class="thin", fs_type="xfs")
+    w = Writer(s, unique("mv"), logs)
+    s.claims.extend(c for c in (w.claim, w.logs) if c)
+    async with move_webhook(s.cp, s.client):
+        s.cp.apply(writer_set(w.name, thin, s.group, logs_sc=s.sc() if logs else ""))
+        try:
+            await w.start()
+            yield w
+        finally:
+            s.cp.kubectl("delete", "statefulset", w.name, "-n", NS, "--wait=true", check=False)
+            for c in (w.claim, w.logs):
+                if c:
+                    await delete_move(s.client, c)
+
+
+async def gone(s: Scenario, res: Any, name: str) -> bool:
+    return await api.get(s.client, res, name) is None
+
+
+async def lines_on(node: UmlNode, pv: str) -> int:
+    """Lines of the writer's log, read on ``node`` through its pod's mount of ``pv``."""
+    script = (f"f=$(grep -m1 '/{pv}/mount ' /proc/mounts | cut -d' ' -f2); "
+              'test -n "$f" && wc -l < "$f/log"')  # fmt: skip
+    return int((await node.aexec("sh", "-c", script)).stdout)
+
+
+async def move_of(client: AsyncClient, claim_name: str) -> VolumeMoveObject:
+    obj = await api.get(client, api.volumemove_resource(), claim_name, namespace=NS)
+    assert obj is not None
+    return VolumeMoveObject.from_dict(obj)
+
+
+async def answers(s: Scenario, pod: str) -> bool:
+    """The pod's container runs a command (its node's kubelet serves ``exec`` again)."""
+    try:
+        s.exec(pod, "true")
+    except HarnessError:
+        return False
+    return True
+
+
+async def node_ready(s: Scenario, name: str) -> bool:
+    node = await api.get(s.client, Node, name)
+    conditions = ((node or {}).get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
