@@ -78,7 +78,7 @@ typecheck: venv
 # (tests/conftest.py). PYTEST_WORKERS=0 runs it all in one process.
 PYTEST_WORKERS ?= 2
 test: deps gotools tools umlkernel lint typecheck
-	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS)
 
 # The crash campaign (tests/test_cluster_chaos.py, docs/reliability.md): seeded runs, each one
 # operation with one SIGKILL or power loss. make test runs 10 of them; this the long campaign.

@@ -24,33 +24,30 @@ from tests.cluster_fixtures import report_stats
 from tests.lvm_fixtures import *  # noqa: F403  (fixtures for the real-LVM tier)
 
 
-# Before pytest-xdist's own hook, which turns the xdist_group marks into the groups it sends.
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
     if uml_tier.IN_UML:
         return
-    grouped = bool(getattr(config.option, "loadgroup", False))
-    uml_tier.proxy_items(items, by_share=grouped)
-    if grouped:
-        group_by_module(items)
+    uml_tier.proxy_items(items, by_share=uml_tier.WORKER is not None)
+    if uml_tier.WORKER is not None:
+        items.sort(key=_rank)
 
 
-def group_by_module(items: list[pytest.Item]) -> None:
-    """``make test`` runs two pytest-xdist workers (``--dist loadgroup``): each module is one
-    group, so a module's test bed is made once, on one worker. The real-control-plane and image
-    modules go first (the longest), the host's quick modules fill in the end."""
-    for item in items:
-        if not isinstance(item, uml_tier.UmlProxy):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+def _rank(item: pytest.Item) -> int:
+    """``make test``'s workers take modules in this order: the real-LVM tier's shares, the real
+    control plane's and the image's modules (the long ones), the host's quick ones last."""
+    if isinstance(item, uml_tier.UmlProxy):
+        return 0
+    return 1 if item.get_closest_marker("cluster") or item.get_closest_marker("image") else 2
 
-    def rank(item: pytest.Item) -> int:
-        if isinstance(item, uml_tier.UmlProxy):
-            return 0
-        return 1 if item.get_closest_marker("cluster") or item.get_closest_marker("image") else 2
 
-    items.sort(key=rank)
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """A module at a time per worker, the real-LVM tier by guest's share."""
+    from tests.xdist_scheduling import ModuleScheduling
+
+    return ModuleScheduling(config, log)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

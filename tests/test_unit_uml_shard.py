@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests import uml_tier
 from tests.uml_tier import guest_count, shard
 
 IDS = [
@@ -56,3 +57,13 @@ def test_a_bad_guest_setting_is_named(setting: str) -> None:
     with pytest.raises(ValueError, match="TOPOLVM_UML_GUESTS must be a whole number") as e:
         guest_count(setting, 2)
     assert repr(setting) in str(e.value)
+
+
+def test_a_proxy_names_its_guests_share_and_nothing_else_does() -> None:
+    """make test's scheduler sends a share whole to one worker, any other test by module."""
+    from tests.xdist_scheduling import unit_of as split
+
+    assert uml_tier.share_of("tests/test_lvmd_cli.py::test_x[a]@uml-1") == "uml-1"
+    assert split("tests/test_lvmd_cli.py::test_x[a]@uml-1") == "uml-1"
+    assert split("tests/test_cluster_e2e.py::test_y[b@uml-x]") == "tests/test_cluster_e2e.py"
+    assert uml_tier.share_of("tests/test_unit_k8s.py::test_z[user@uml-]") is None

@@ -30,8 +30,9 @@ RESULTS_ENV = "TOPOLVM_UML_RESULTS"
 REPO = Path(__file__).resolve().parent.parent
 UML_TIMEOUT = 1500.0
 # No new result line for this long means the guest stopped making progress (the slowest test
-# phase takes well under a minute; the conftest hang report fires after 180 s).
-STALL_SECONDS = float(os.environ.get("TOPOLVM_UML_STALL_SECONDS", "240"))
+# phase takes well under a minute; in the stalls seen, not even faulthandler's watchdog printed,
+# so waiting for the conftest hang report at 180 s only cost CI time).
+STALL_SECONDS = float(os.environ.get("TOPOLVM_UML_STALL_SECONDS", "120"))
 # Booting, starting pytest in the guest and collecting come before the first result line; on a
 # loaded host that alone took more than a short STALL_SECONDS (CI, 2026-11-26), so it has its own.
 BOOT_SECONDS = max(STALL_SECONDS, 300.0)
@@ -40,6 +41,7 @@ GUEST_SETTINGS = ("TOPOLVM_FUZZ_EXAMPLES", "TOPOLVM_HANG_SECONDS")
 _results_key = pytest.StashKey[dict[int | None, dict[str, list[dict[str, Any]]]]]()
 _error_key = pytest.StashKey[dict[int | None, str]]()
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # set in a pytest-xdist worker (make test)
+SHARE = "@uml-"  # a proxy's name ends in it and its share's number, under xdist
 # Set when the host's run is interrupted (Ctrl-C): every running guest is then killed at its
 # next progress check instead of running its share to the end.
 _interrupted = threading.Event()
@@ -52,11 +54,14 @@ class UmlFailure(Exception):
 class UmlProxy(pytest.Item):
     """Stands for a ``uml`` test on the host and reports its result from inside UML."""
 
-    def __init__(self, *, location: tuple[str, int | None, str], **kwargs: Any):
+    def __init__(
+        self, *, location: tuple[str, int | None, str], inner_id: str, share: int | None,
+        **kwargs: Any,
+    ) -> None:  # fmt: skip
         super().__init__(**kwargs)
         self._location = location
-        self.inner_id = self.nodeid  # xdist's loadgroup appends "@<group>" to nodeid
-        self.share: int | None = None  # the guest's share it runs in, under xdist
+        self.inner_id = inner_id  # the test's node id inside the guest
+        self.share = share  # the guest's share it runs in (xdist), None: all in one process
 
     def reportinfo(self) -> tuple[str, int | None, str]:
         return self._location
@@ -92,30 +97,38 @@ def proxy_items(items: list[pytest.Item], by_share: bool = False) -> None:
     the rest of the session) is started. Behind it, in a full run, one guest took about 600 s
     for 72 of the tier's tests; first and in two guests, the whole tier takes about 175 s.
 
-    ``by_share`` (pytest-xdist's ``--dist loadgroup``, as ``make test`` runs): the tier is split
-    into guests' shares up front, each an xdist group, so that each worker boots one guest for
-    one share, both at the start, as the single process boots its guests side by side."""
-    proxies: list[UmlProxy] = []
-    others: list[pytest.Item] = []
-    for item in items:
-        if item.get_closest_marker("uml") is None:
-            others.append(item)
-            continue
-        assert item.parent is not None
-        proxy = UmlProxy.from_parent(item.parent, name=item.name, location=item.location)
-        proxy.own_markers.extend(m for m in item.own_markers if m.name != "parametrize")
-        proxies.append(proxy)
-    if by_share and proxies:
+    ``by_share`` (a pytest-xdist worker, as ``make test`` runs): the tier is split into guests'
+    shares up front, a proxy's name ending in its share (``...@uml-1``) that the scheduler
+    (tests/xdist_scheduling.py) sends whole to one worker; each worker then boots one guest
+    for one share, both at the start, as one process boots its guests side by side."""
+    tier = [item for item in items if item.get_closest_marker("uml") is not None]
+    others = [item for item in items if item.get_closest_marker("uml") is None]
+    where: dict[str, int] = {}
+    if by_share and tier:
         try:
             guests = guest_count(os.environ.get("TOPOLVM_UML_GUESTS"), os.cpu_count())
         except ValueError:  # reported by the run, with the tests
             guests = 1
-        where = {n: i for i, s in enumerate(shard([p.nodeid for p in proxies], guests)) for n in s}
-        for proxy in proxies:
-            proxy.share = where[proxy.nodeid]
-            proxy.add_marker(pytest.mark.xdist_group(f"uml-{proxy.share}"))
-        proxies.sort(key=lambda p: p.share or 0)
+        shares = shard([item.nodeid for item in tier], guests)
+        where = {nodeid: i for i, share in enumerate(shares) for nodeid in share}
+    proxies: list[UmlProxy] = []
+    for item in tier:
+        assert item.parent is not None
+        share = where.get(item.nodeid)
+        proxy = UmlProxy.from_parent(
+            item.parent, name=item.name if share is None else f"{item.name}{SHARE}{share}",
+            location=item.location, inner_id=item.nodeid, share=share,
+        )  # fmt: skip
+        proxy.own_markers.extend(m for m in item.own_markers if m.name != "parametrize")
+        proxies.append(proxy)
+    proxies.sort(key=lambda p: p.share or 0)
     items[:] = proxies + others
+
+
+def share_of(nodeid: str) -> str | None:
+    """The guest's share a proxy's node id names (``uml-1``), None for any other test."""
+    _, sep, share = nodeid.rpartition(SHARE)
+    return f"uml-{share}" if sep and share.isdigit() else None
 
 
 def _run_all(session: pytest.Session, share: int | None) -> dict[str, list[dict[str, Any]]]:
