@@ -5,9 +5,11 @@ started from the real ``topolvm node`` flags (tests/node_kubelet_helpers.py)."""
 
 from __future__ import annotations
 
+import shutil
 import socket
 import stat
-from collections.abc import AsyncIterator, Callable
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -24,6 +26,18 @@ from topolvm.proto import csi_pb2_grpc as csi_grpc
 from topolvm.proto import pluginregistration_pb2 as reg
 
 REG = "topolvm.io-reg.sock"
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A short folder: a socket's path must fit AF_UNIX's 108 bytes, and pytest's own folder
+    for a test in an xdist worker (``/tmp/pytest-of-root/pytest-N/popen-gw1/<test>0/``) leaves
+    too little of them for the kubelet's plugin paths."""
+    folder = Path(tempfile.mkdtemp(prefix="topolvm-kubelet-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture

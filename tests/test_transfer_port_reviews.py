@@ -179,14 +179,15 @@ async def test_many_addresses_flooding_reviews_get_a_turn_each_and_a_node_is_ser
 
     first = asyncio.create_task(wave(1))
     await asyncio.sleep(0.5)
-    began = time.monotonic()
-    data = await copy(p, tmp_path, emulator.issue(audience(NODE), RECEIVER))
-    took = time.monotonic() - began
+    own = emulator.issue(audience(NODE), RECEIVER)
+    data = await copy(p, tmp_path, own)
     answers = await first
     after_first = len(emulator.reviewed) - 1  # node b's own
     second = await wave(2)
     assert data == p.source.read_bytes()
-    assert took < 4.0, took
+    # node b's review came after one turn of each address (12, with the 8 at once in flight),
+    # not after all 48 queued; counted, not timed (a loaded host stretches every second)
+    assert emulator.reviewed.index(own) <= len(crowd) + 8, emulator.reviewed.index(own)
     assert set(answers) <= {"unauthenticated", "busy"}
     # the addresses refused first lose their queued reviews; the second wave costs none
     assert after_first < len(crowd), after_first
