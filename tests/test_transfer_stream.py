@@ -68,14 +68,16 @@ def _job() -> Job:
 
 class Server:
     def __init__(
-        self, tmp: Path, mapped: bool, bandwidth: int = 0, refuse: str = "", data_every: int = 3
-    ) -> None:
+        self, tmp: Path, mapped: bool, bandwidth: int = 0, refuse: str = "", data_every: int = 3,
+        slow: float = 0.0,
+    ) -> None:  # fmt: skip
         self.source = tmp / "source"
         self.mapped = _write_volume(self.source, 24 * MiB + 65536, seed=1, data_every=data_every)
         volumes = FakeVolumes({"src": (self.source, self.mapped if mapped else None)})
         self.refuse = refuse
 
         async def authorise(hello: messages.Hello) -> Job:
+            await asyncio.sleep(slow)  # a TokenReview, API reads, a cut: before ACCEPT
             if self.refuse:
                 raise Refused(self.refuse, "no")
             return _job()
@@ -128,13 +130,13 @@ def _target(tmp: Path, size: int, chunk: int = 0) -> VolumeInfo:
 async def _receive(
     s: Server, target: VolumeInfo, resume: Checkpoint | None = None,
     stop: threading.Event | None = None, fingerprint: str = "",
-    checkpoints: list[Checkpoint] | None = None, fresh: bool = True,
+    checkpoints: list[Checkpoint] | None = None, fresh: bool = True, timeout: float = 5.0,
 ) -> Outcome:  # fmt: skip
     endpoint = Endpoint("node-a", "127.0.0.1", s.server.port, fingerprint or s.server.fingerprint)
     seen = checkpoints if checkpoints is not None else []
     return await asyncio.to_thread(
         lambda: receive(endpoint, _hello(resume), target, seen.append, lambda *a: None,
-                        stop or threading.Event(), 5.0, fresh=fresh)
+                        stop or threading.Event(), timeout, fresh=fresh)
     )  # fmt: skip
 
 
@@ -149,6 +151,18 @@ async def test_a_thin_source_sends_only_its_mapped_blocks_and_the_target_equals_
     mapped = sum(n for _, n in s.mapped)
     assert outcome.data_bytes == mapped == s.sent("data")
     assert s.sent("zero") == size - mapped
+
+
+async def test_a_receiver_waits_for_accept_longer_than_for_a_byte_of_the_stream(
+    server: MakeServer, tmp_path: Path
+) -> None:
+    """The source takes longer before ACCEPT than the receiver's I/O timeout (a loaded host, a
+    final round's cut and delta): the receiver waits for it instead of retrying into it."""
+    s = await server(mapped=True, slow=2.0)
+    size = s.source.stat().st_size
+    target = _target(tmp_path, size + 4 * MiB)
+    await _receive(s, target, timeout=1.0)
+    assert Path(target.path).read_bytes()[:size] == s.source.read_bytes()
 
 
 async def test_a_thick_source_is_read_whole_and_its_zeros_travel_as_markers(

@@ -79,6 +79,15 @@ def connect(endpoint: Endpoint, timeout: float) -> Conn:
     return conn
 
 
+def accept_wait(timeout: float) -> float:
+    """How long a receiver waits for ACCEPT: longer than for any byte of the stream. Before it,
+    the source reviews the token, reads the API, makes and checks its cut and asks lvmd for
+    the delta behind lvmd's lock, and (a reconnect) waits for the job's earlier stream to end
+    (``io_timeout`` + 5 s). A receiver that gave up after ``timeout`` only retried into the
+    same wait: on a loaded host, a move's final copy retried for 10 minutes."""
+    return max(4 * timeout, 120.0)
+
+
 def receive(
     endpoint: Endpoint, hello: messages.Hello, target: VolumeInfo, persist: Persist,
     progress: Progress, stop: threading.Event, timeout: float,
@@ -89,7 +98,9 @@ def receive(
     conn = connect(endpoint, timeout)
     try:
         conn.send_message(hello)
+        conn.sock.settimeout(accept_wait(timeout))
         accept = conn.recv_message(messages.Accept)
+        conn.sock.settimeout(timeout)
         accepted(accept)
         return _fill(conn, hello, accept, target, persist, progress, stop, fresh)
     finally:
