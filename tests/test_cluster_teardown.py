@@ -42,13 +42,23 @@ def test_fails_with_everything_running(control_plane, uml_nodes):
 """
 
 
+def _dead(name: str, prefix: str) -> bool:
+    """Whether the process named in a UML folder (``<prefix><pid>-...``) is gone: the inner
+    session's folders are its processes' and they have ended; folders of a live process are
+    another run's (make test's other xdist worker boots guests meanwhile)."""
+    pid = name[len(prefix) :].split("-", 1)[0]
+    return not (pid.isdigit() and Path(f"/proc/{pid}").exists())
+
+
 def shm_entries() -> set[str]:
-    return {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith("topolvm-uml-")}
+    return {p.name for p in Path("/dev/shm").iterdir()
+            if p.name.startswith("topolvm-uml-") and _dead(p.name, "topolvm-uml-")}  # fmt: skip
 
 
 def uml_run_dirs() -> set[str]:
     folder = REPO / ".uml"
-    return {p.name for p in folder.glob("run-*")} if folder.exists() else set()
+    runs = folder.glob("run-*") if folder.exists() else []
+    return {p.name for p in runs if _dead(p.name, "run-")}
 
 
 def group_members(pgid: int) -> list[int]:

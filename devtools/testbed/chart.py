@@ -170,7 +170,8 @@ def _all_ready(pod: Obj) -> bool:
             and all(s.get("ready") for s in statuses))  # fmt: skip
 
 
-FORBIDDEN = re.compile(r"\b403\b|[Ff]orbidden")
+# HTTP 403, or the word; not the digits of a decimal ("secs": 0.403) or of a longer number
+FORBIDDEN = re.compile(r"(?<![\w.])403(?!\w|\.\d)|[Ff]orbidden")
 
 
 def forbidden_lines(text: str) -> list[str]:
