@@ -83,3 +83,16 @@ async def test_a_wait_before_the_cut_says_pending_for_the_id_asked(
     st = _status(kube)
     assert st["id"] == "v2" and st["phase"] == "Pending", st
     assert "digest" not in st or not st["digest"], st
+
+
+async def test_a_wait_after_the_answer_leaves_the_answer(
+    kube: KubeEmulator,  # noqa: F811
+    kube_client: AsyncClient,  # noqa: F811
+    jobs: VerifyJobs,
+) -> None:
+    done = {"id": "v2", "phase": "Done", "digest": "ab12", "sizeBytes": 1 << 30,
+            "completionTime": "2026-11-29T04:00:00Z"}  # fmt: skip
+    stale = await _volume(kube_client, done)
+    await jobs._waiting(stale, "waiting: lvmd unavailable; next try in 2s")
+    st = _status(kube)
+    assert st["phase"] == "Done" and st["digest"] == "ab12", st

@@ -255,12 +255,10 @@ class VerifyJobs:
             fresh = await self._read(lv.name)
             if fresh is None or fresh.uid != lv.uid:
                 return
-            st = fresh.verify if fresh.verify is not None else None
-            if (
-                st is None
-                or st.id != lv.verify_id
-                or st.phase not in (VerifyPhase.PENDING, VerifyPhase.CUT)
-            ):
+            st = fresh.verify
+            if st is not None and st.id == lv.verify_id and st.phase in VerifyPhase.ENDED:
+                return  # answered already: a wait's message must not reopen it
+            if st is None or st.id != lv.verify_id or st.phase != VerifyPhase.CUT:
                 st = VerifyStatus(lv.verify_id, VerifyPhase.PENDING)
             await self._write(lv.name, replace(st, message=message))
         except kube.KubeError as e:
