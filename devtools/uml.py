@@ -85,9 +85,14 @@ def _sweep_stale(folder: Path, prefix: str) -> None:
     """Remove the folders a killed process left (its pid, in the folder's name, is gone): the
     cleanup that a SIGKILL never let run."""
     for entry in folder.glob(f"{prefix}*-*"):
-        pid = entry.name[len(prefix) :].split("-", 1)[0]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+        if owner_gone(entry.name, prefix):
             shutil.rmtree(entry, ignore_errors=True)
+
+
+def owner_gone(name: str, prefix: str) -> bool:
+    """Whether the process a UML folder's name carries (``<prefix><pid>-...``) has ended."""
+    pid = name[len(prefix) :].split("-", 1)[0]
+    return pid.isdigit() and not Path(f"/proc/{pid}").exists()
 
 
 @contextlib.contextmanager

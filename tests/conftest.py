@@ -55,8 +55,8 @@ LONGEST = (
 
 def _rank(item: pytest.Item) -> tuple[int, int]:
     """``make test``'s workers take modules in this order: the real-LVM tier's shares, the
-    longest modules (LONGEST), the other real control
-    plane and image modules, the host's quick ones last: no long module starts at the end."""
+    longest modules (LONGEST), the other real control plane and image modules, the host's
+    quick ones last: no long module starts at the end."""
     if isinstance(item, uml_tier.UmlProxy):
         return 0, 0
     module = item.nodeid.split("::", 1)[0]

@@ -42,23 +42,18 @@ def test_fails_with_everything_running(control_plane, uml_nodes):
 """
 
 
-def _dead(name: str, prefix: str) -> bool:
-    """Whether the process named in a UML folder (``<prefix><pid>-...``) is gone: the inner
-    session's folders are its processes' and they have ended; folders of a live process are
-    another run's (make test's other xdist worker boots guests meanwhile)."""
-    pid = name[len(prefix) :].split("-", 1)[0]
-    return not (pid.isdigit() and Path(f"/proc/{pid}").exists())
-
-
 def shm_entries() -> set[str]:
+    # only folders of ended processes: the inner session's; a live one's is another run's
+    # (make test's other xdist worker boots guests meanwhile)
+    prefix = uml.FAST_PREFIX
     return {p.name for p in Path("/dev/shm").iterdir()
-            if p.name.startswith("topolvm-uml-") and _dead(p.name, "topolvm-uml-")}  # fmt: skip
+            if p.name.startswith(prefix) and uml.owner_gone(p.name, prefix)}  # fmt: skip
 
 
 def uml_run_dirs() -> set[str]:
     folder = REPO / ".uml"
     runs = folder.glob("run-*") if folder.exists() else []
-    return {p.name for p in runs if _dead(p.name, "run-")}
+    return {p.name for p in runs if uml.owner_gone(p.name, uml.RUN_PREFIX)}
 
 
 def group_members(pgid: int) -> list[int]:
