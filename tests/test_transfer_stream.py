@@ -165,6 +165,50 @@ async def test_a_receiver_waits_for_accept_longer_than_for_a_byte_of_the_stream(
     assert Path(target.path).read_bytes()[:size] == s.source.read_bytes()
 
 
+async def test_a_job_connecting_again_ends_its_stalled_earlier_stream_at_once(
+    server: MakeServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The receiver of a stream stops reading (its node froze, its link was cut without a
+    reset): when the job connects again, the sender ends the stalled stream at once and serves
+    the new one, instead of waiting out its own I/O timeout (10 minutes here) with the
+    copy's slot held, a move's workload down meanwhile."""
+    monkeypatch.setattr(pipeline, "CHECKPOINT_BYTES", 2 * MiB)
+    s = await server(mapped=False)
+    s.server.limits = Limits(io_timeout=600)
+    size = s.source.stat().st_size
+    frozen, thawed = threading.Event(), threading.Event()
+
+    def freeze(point: Checkpoint) -> None:  # the first receiver stops reading here
+        frozen.set()
+        thawed.wait(120)
+
+    first = asyncio.create_task(_receive(s, _target(tmp_path, size), timeout=600,
+                                         checkpoints=_Frozen(freeze)))  # fmt: skip
+    try:
+        assert await asyncio.to_thread(frozen.wait, 30)
+        again = tmp_path / "again"
+        again.mkdir()
+        target = _target(again, size)
+        await asyncio.wait_for(_receive(s, target, timeout=5), 60)
+        assert Path(target.path).read_bytes() == s.source.read_bytes()
+    finally:
+        thawed.set()
+        with pytest.raises(TransferError):
+            await first  # its stream was ended
+
+
+class _Frozen(list[Checkpoint]):
+    """Checkpoints whose recording runs ``hook`` (it blocks: a receiver that stops reading)."""
+
+    def __init__(self, hook: Callable[[Checkpoint], None]) -> None:
+        super().__init__()
+        self.hook = hook
+
+    def append(self, point: Checkpoint) -> None:
+        self.hook(point)
+        super().append(point)
+
+
 async def test_a_thick_source_is_read_whole_and_its_zeros_travel_as_markers(
     server: MakeServer, tmp_path: Path
 ) -> None:

@@ -388,3 +388,27 @@ async def test_transient_api_errors_are_waited_out_and_others_raised() -> None:
 
     with pytest.raises(kube.Forbidden):
         await api.retry_transient(forbidden, "a write", first=0.001)
+
+
+async def test_a_bounded_wait_gives_up_with_the_last_transient_error() -> None:
+    """What a daemon's start-up read does (topolvm-node's and topolvm-controller's check_api):
+    an API server that throttles is waited out, one that never answers ends the start with the
+    error it gave, after the attempts asked for."""
+    calls: list[int] = []
+
+    async def throttled() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise kube.TooManyRequests(429, "TooManyRequests", "slow down")
+        return "node"
+
+    assert await api.retry_transient(throttled, "a read", first=0.001, attempts=3) == "node"
+    calls.clear()
+
+    async def down() -> str:
+        calls.append(1)
+        raise kube.Unreachable("cannot reach the Kubernetes API: connection refused")
+
+    with pytest.raises(kube.Unreachable, match="connection refused"):
+        await api.retry_transient(down, "a read", first=0.001, attempts=4)
+    assert len(calls) == 4

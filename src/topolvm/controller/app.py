@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import socket
 import uuid
@@ -106,20 +105,17 @@ class TopolvmController:
 
     async def check_api(self, attempts: int = 30) -> None:
         """Fail fast, with a clear message, when the CRD is missing or unreadable; wait out
-        an API server that is still starting (transient errors)."""
-        for attempt in range(1, attempts + 1):
-            try:
-                await api.list_all(self.client, api.logicalvolume_resource(self.names))
-                return
-            except Exception as e:
-                if kube.is_transient(e) and attempt < attempts:
-                    log.info(f"waiting for the API server: {kube.describe(e)}")
-                    await asyncio.sleep(1.0)
-                    continue
-                raise StartupError(
-                    f"cannot list LogicalVolumes of {self.names.group}: {kube.describe(e)} "
-                    "(is the CRD installed and the controller allowed to read it?)"
-                ) from e
+        an API server that is still starting or throttles (transient errors)."""
+        lvs = api.logicalvolume_resource(self.names)
+        try:
+            await api.retry_transient(lambda: api.list_all(self.client, lvs),
+                                      "waiting for the API server", first=1.0, most=1.0,
+                                      attempts=attempts)  # fmt: skip
+        except Exception as e:
+            raise StartupError(
+                f"cannot list LogicalVolumes of {self.names.group}: {kube.describe(e)} "
+                "(is the CRD installed and the controller allowed to read it?)"
+            ) from e
 
     async def start(self) -> None:
         # Health first: kubelet's liveness probe asks whether the process is alive, and a start

@@ -237,18 +237,20 @@ async def retry_transient(
     first: float = 0.2,
     most: float = 5.0,
     on_retry: Callable[[str], None] | None = None,
+    attempts: int | None = None,
 ) -> T:
     """``call()`` until it returns. A transient error (:func:`errors.is_transient`: the API
     server unreachable, a conflict, throttling, a 5xx) is logged as ``what`` and tried again
-    after ``first`` seconds, doubling up to ``most``; any other error is raised. For the writes
-    a daemon cannot start or go on without, where giving up would only restart it. The first
-    retries are logged as info, from the fourth on as warnings: trouble that lasts is seen."""
+    after ``first`` seconds, doubling up to ``most``; any other error is raised, and so is a
+    transient one once ``attempts`` calls have failed (None: no bound). For the writes a daemon
+    cannot start or go on without, where giving up would only restart it. The first retries
+    are logged as info, from the fourth on as warnings: trouble that lasts is seen."""
     delay, tries = first, 0
     while True:
         try:
             return await call()
         except Exception as e:
-            if not is_transient(e):
+            if not is_transient(e) or (attempts is not None and tries + 1 >= attempts):
                 raise
             text = describe(e)
             if on_retry is not None:

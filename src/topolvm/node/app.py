@@ -135,10 +135,14 @@ class TopolvmNode:
         self.node_service = NodeService(options.node_name, self.names, self.lvmd, self.volumes)
         self.node_service.grpc_metrics = GrpcMetrics(self.registry)
 
-    async def check_api(self) -> None:
-        """Fail fast, with a clear message, when the API or this node's Node object is missing."""
+    async def check_api(self, attempts: int = 30) -> None:
+        """Fail fast, with a clear message, when the API or this node's Node object is missing;
+        wait out an API server that is still starting or throttles (transient errors)."""
         try:
-            node = await api.get(self.client, Node, self.options.node_name)
+            node = await api.retry_transient(
+                lambda: api.get(self.client, Node, self.options.node_name),
+                "waiting for the API server", first=1.0, most=1.0, attempts=attempts,
+            )  # fmt: skip
         except Exception as e:
             raise StartupError(kube.describe(e)) from e
         if node is None:

@@ -76,6 +76,12 @@ class Conn:
         with contextlib.suppress(OSError):
             self.sock.close()
 
+    def abort(self) -> None:
+        """End the connection now, from another thread: a send or receive blocked on it returns
+        at once (as :class:`ConnectionLost`) instead of after the socket's timeout."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+
     def _io_error(self, e: BaseException) -> ConnectionLost:
         if isinstance(e, TimeoutError | socket.timeout):
             return ConnectionLost(f"{self.peer}: no data for {self.sock.gettimeout()}s")

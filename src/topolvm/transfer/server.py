@@ -44,7 +44,13 @@ from topolvm.transfer.auth import CALLER
 from topolvm.transfer.blockio import Volume
 from topolvm.transfer.conn import Conn
 from topolvm.transfer.door import Door, PortLimits
-from topolvm.transfer.errors import EarlyRefusal, Refused, SourceFailed, TransferError
+from topolvm.transfer.errors import (
+    ConnectionLost,
+    EarlyRefusal,
+    Refused,
+    SourceFailed,
+    TransferError,
+)
 from topolvm.transfer.jobs import Authorise, Job, Limits, VolumeInfo, Volumes
 from topolvm.transfer.metrics import TransferMetrics
 from topolvm.transfer.pipeline import RecordSource, Throttle
@@ -107,7 +113,8 @@ class TransferServer:
         self._door = Door(node, self.port_limits, metrics, self._arrived,
                           lambda: self.limits.io_timeout)  # fmt: skip
         self._authorising: dict[str, int] = {}
-        self._streams: dict[str, tuple[threading.Event, asyncio.Future[Any]]] = {}
+        # a job's stream: its stop flag, its end, its connection
+        self._streams: dict[str, tuple[threading.Event, asyncio.Future[Any], Conn]] = {}
         self._memory: OrderedDict[str, JobMemory] = OrderedDict()
 
     @property
@@ -129,8 +136,9 @@ class TransferServer:
         self._door.open(host, port, ctx)
 
     async def stop(self) -> None:
-        for stop, _ in self._streams.values():
+        for stop, _, conn in self._streams.values():
             stop.set()
+            conn.abort()
         await self._door.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -186,6 +194,7 @@ class TransferServer:
         earlier = self._streams.get(job.uid)
         if earlier is not None:  # the same job again: its old connection is gone (a cut link)
             earlier[0].set()
+            earlier[2].abort()  # a send blocked on a peer that left returns now, not at timeout
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(earlier[1]), self.limits.io_timeout + 5)
         if len(self._streams) >= self.limits.concurrency or job.uid in self._streams:
@@ -193,7 +202,7 @@ class TransferServer:
         # the slot is taken before anything else awaits: two HELLOs at once never both pass
         stop = threading.Event()
         slot: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._streams[job.uid] = (stop, slot)
+        self._streams[job.uid] = (stop, slot, conn)
         try:
             await self._send(conn, job, hello.resume, stop, ctx)
         finally:
@@ -307,9 +316,11 @@ class TransferServer:
             while self._acknowledged(conn, memory, scratch) < info.size:
                 pass
         except (TransferError, ValueError, OSError) as e:
-            # ValueError: mappings lvmd reported out of order; OSError: the volume's device
-            with contextlib.suppress(TransferError):
-                conn.send_message(messages.Fail(message=str(e)[:4000]))
+            # ValueError: mappings lvmd reported out of order; OSError: the volume's device.
+            # A lost connection hears nothing more (a FAIL would only wait out its timeout).
+            if not isinstance(e, ConnectionLost):
+                with contextlib.suppress(TransferError):
+                    conn.send_message(messages.Fail(message=str(e)[:4000]))
             if isinstance(e, TransferError):
                 raise
             raise SourceFailed(f"reading {info.path}: {e}") from e
