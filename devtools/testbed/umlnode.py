@@ -233,9 +233,9 @@ class UmlNode:
         res: dict[str, Any] = self._call("/signal", {"name": name, "signal": sig, "wait": wait})
         return res
 
-    def daemon(self, name: str, lines: int = 60) -> dict[str, Any]:
+    def daemon(self, name: str, lines: int = 60, timeout: float = 180) -> dict[str, Any]:
         """{"running", "rc", "log"}: the daemon's state and its last ``lines`` (0: all)."""
-        res: dict[str, Any] = self._call(f"/daemon/{name}?lines={lines}")
+        res: dict[str, Any] = self._call(f"/daemon/{name}?lines={lines}", timeout=timeout)
         return res
 
     def memory_mb(self, name: str) -> dict[str, float]:
@@ -367,8 +367,8 @@ class UmlNode:
         if res.get("running"):
             self.signal(name, "SIGKILL", wait=10)
 
-    def node_log(self, name: str = "topolvm-node", lines: int = 60) -> str:
-        return str(self.daemon(name, lines).get("log", ""))
+    def node_log(self, name: str = "topolvm-node", lines: int = 60, timeout: float = 180) -> str:
+        return str(self.daemon(name, lines, timeout).get("log", ""))
 
 
 def _ip(*args: str, check: bool = True) -> None:
