@@ -102,7 +102,9 @@ class Copies:
         try:
             deadline = time.monotonic() + 1800
             while time.monotonic() < deadline:
-                obj = await api.get(client, resource, name) or {}
+                # a slow GET of a loaded bed's API server is waited out, as the daemons do
+                obj = await api.retry_transient(lambda: api.get(client, resource, name),
+                                                f"reading {name}") or {}  # fmt: skip
                 status: dict[str, Any] = obj.get("status") or {}
                 if status.get("code"):
                     raise HarnessError(f"{name} failed: {status.get('message')}")
@@ -146,9 +148,11 @@ class Copies:
         from topolvm.k8s import api
 
         client = api.make_client(str(self.cp.kubeconfig))
+        resource = api.logicalvolume_resource(NORMAL)
         try:
             while True:
-                obj = await api.get(client, api.logicalvolume_resource(NORMAL), name) or {}
+                obj = await api.retry_transient(lambda: api.get(client, resource, name),
+                                                f"reading {name}") or {}  # fmt: skip
                 copy = (obj.get("status") or {}).get("copy") or {}
                 if copy.get("round") == 2 and copy.get("phase") == "Done":
                     return dict(obj["status"])
