@@ -20,6 +20,13 @@ class Reader:
     ) -> None:  # fmt: skip
         self.pvcs = pvcs or {}
         self.moves = moves or {}  # "namespace/claim" -> VolumeMove
+        # a restore's source: PVs, VolumeSnapshots ("namespace/name"), their contents and
+        # classes, and the node of each volume id
+        self.pvs: dict[str, Obj] = {}
+        self.snapshots: dict[str, Obj] = {}
+        self.contents: dict[str, Obj] = {}
+        self.snapshot_classes: dict[str, Obj] = {}
+        self.volume_nodes: dict[str, str] = {}
         self.classes: dict[str, Obj] = {
             "ssd": sc("topolvm.io", "ssd"),
             "plain": sc("topolvm.io", None),
@@ -45,6 +52,24 @@ class Reader:
         if self.fail == "move":
             raise RuntimeError("503 ServiceUnavailable: etcd is down")
         return self.moves.get(f"{namespace}/{name}")
+
+
+    async def get_pv(self, name: str) -> Obj | None:
+        return self.pvs.get(name)
+
+    async def get_volumesnapshot(self, namespace: str, name: str) -> Obj | None:
+        if self.fail == "snapshot":
+            raise RuntimeError("404 NotFound: the server could not find the requested resource")
+        return self.snapshots.get(f"{namespace}/{name}")
+
+    async def get_volumesnapshotcontent(self, name: str) -> Obj | None:
+        return self.contents.get(name)
+
+    async def get_volumesnapshotclass(self, name: str) -> Obj | None:
+        return self.snapshot_classes.get(name)
+
+    async def node_of_volume(self, volume_id: str) -> str | None:
+        return self.volume_nodes.get(volume_id)
 
 
 def sc(provisioner: str, device_class: str | None) -> Obj:

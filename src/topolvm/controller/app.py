@@ -136,7 +136,8 @@ class TopolvmController:
         # server, the webhook, metrics, then health (kubelet's probes answer until the end).
         await serve_metrics(self.parts, self.registry, self.options.metrics_address)
         if self.options.webhook_address is not None:  # every replica serves the pod webhook
-            await start_webhook(self.parts, self.options, self.client, self.names, self.metrics)
+            await start_webhook(self.parts, self.options, self.client, self.names, self.metrics,
+                                self.store)  # fmt: skip
         await serve_grpc(self.parts, self.options.csi_socket, served)
         self._serving = True
         self.parts.on_stop("readiness", self._not_serving)

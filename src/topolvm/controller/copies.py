@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from topolvm.constants import Names
+from topolvm.controller.restoreplace import placement_error
 from topolvm.controller.sizing import node_from_topology
 from topolvm.k8s.lvobject import LogicalVolumeObject
 
@@ -56,6 +57,10 @@ class Placement:
 
 
 def placement(params: Mapping[str, str], names: Names) -> Placement:
+    """Where a snapshot goes, from its VolumeSnapshotClass's ``params`` (which also say where
+    its restores go: checked here, read by the pod webhook)."""
+    if bad := placement_error(params, names, "VolumeSnapshotClass parameters"):
+        raise PlacementError(bad)
     where = params.get(names.snapshot_placement_param, "") or SOURCE_NODE
     if where not in (SOURCE_NODE, OTHER_NODE):
         raise PlacementError(

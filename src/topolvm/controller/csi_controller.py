@@ -21,6 +21,7 @@ from topolvm.constants import Names
 from topolvm.controller import copies
 from topolvm.controller.ledger import CapacityLedger, NodeView
 from topolvm.controller.metrics import ControllerMetrics
+from topolvm.controller.restoreplace import placement_error
 from topolvm.controller.sizing import (
     MinimumAllocations,
     SizingError,
@@ -142,6 +143,8 @@ class ControllerService:
         if not request.name:
             raise status.InvalidArgument("invalid name: a volume name is required")
         block, fs_type = self._check_capabilities(request.volume_capabilities)
+        if bad := placement_error(request.parameters, self.names, "StorageClass parameters"):
+            raise status.InvalidArgument(bad)  # the webhook's to read; told where claims show it
         required, limit = _capacity_range(request)
         required = max(required, self.minimums.for_volume(block=block, fs_type=fs_type))
         size = volume_size(required, limit)

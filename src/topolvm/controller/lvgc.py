@@ -37,7 +37,6 @@ from datetime import datetime
 from enum import StrEnum
 
 from lightkube import AsyncClient
-from lightkube.generic_resource import create_global_resource
 from lightkube.resources.core_v1 import PersistentVolume
 
 from topolvm.constants import Names
@@ -53,9 +52,7 @@ CONTROLLER_NAME = "logicalvolume-gc"
 DEFAULT_GRACE = 3600.0
 DEFAULT_INTERVAL = 600.0
 
-VolumeSnapshotContent = create_global_resource(
-    "snapshot.storage.k8s.io", "v1", "VolumeSnapshotContent", "volumesnapshotcontents"
-)
+VolumeSnapshotContent = api.VolumeSnapshotContent
 
 
 class GcMode(StrEnum):

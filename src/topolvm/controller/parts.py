@@ -29,7 +29,7 @@ from topolvm.k8s.lvstore import LogicalVolumeStore
 
 async def start_webhook(
     parts: Parts, o: ControllerOptions, client: AsyncClient, names: Names,
-    metrics: ControllerMetrics,
+    metrics: ControllerMetrics, store: LogicalVolumeStore | None = None,
 ) -> None:  # fmt: skip
     """Certificates from ``--cert-dir`` (cert-manager) or self-managed (a CA and serving
     certificate of the controller's own, kept in a Secret, caBundle written into the
@@ -47,7 +47,7 @@ async def start_webhook(
             )  # fmt: skip
             await certs.setup()
         runner = await start_webhook_server(
-            *o.webhook_address, certs.ssl_context, ApiPodReader(client, names), names,
+            *o.webhook_address, certs.ssl_context, ApiPodReader(client, names, store), names,
             o.pod_webhook_marker, metrics,
         )  # fmt: skip
     except (WebhookCertError, WebhookServerError) as e:

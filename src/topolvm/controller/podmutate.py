@@ -6,17 +6,21 @@ marker mode (upstream's behaviour) the first container also gets the extended re
 ``<plugin>/capacity: 1`` in its requests and limits, so that a kube-scheduler whose extender
 manages that resource calls topolvm-scheduler for the pod.
 
+A pod that mounts a claim being restored or cloned gets a preferred node affinity for the
+source's node, so the restore stays local when it can (:mod:`topolvm.controller.restoreplace`).
+
 While a claim of the pod is being moved to another node (a VolumeMove in a step where its pod
 must not run: docs/mobility.md, "Move"), the pod also gets the scheduling gate
 ``<plugin>/move``: the pod its controller re-creates waits, not started on the old node, until
 topolvm-controller lets it go onto the new one.
 
-Reads (PersistentVolumeClaims, StorageClasses, VolumeMoves) go through a :class:`PodReader`
-that the caller supplies; the webhook's reader reads the API server.
+Reads (PersistentVolumeClaims, StorageClasses, VolumeMoves, a restore's source) go through a
+:class:`PodReader` that the caller supplies; the webhook's reader reads the API server.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,6 +30,13 @@ import jsonpatch
 
 from topolvm.capacity_annotations import class_key, encode_pod
 from topolvm.constants import DEFAULT_SIZE, Names
+from topolvm.controller.restoreplace import (
+    PlacementValueError,
+    Sources,
+    preferring,
+    prefers_source,
+    source_node,
+)
 from topolvm.k8s.lvobject import InvalidQuantity, parse_quantity
 from topolvm.k8s.moveobject import MovePhase
 from topolvm.move.claims import gate_name
@@ -34,11 +45,9 @@ Obj = dict[str, Any]
 DecisionKind = Literal["mutated", "allowed", "denied", "errored"]
 
 
-class PodReader(Protocol):
+class PodReader(Sources, Protocol):
     """Reads the webhook needs; each returns None when the object does not exist and raises
     any other failure (its message is sent back to the API server)."""
-
-    async def get_pvc(self, namespace: str, name: str) -> Obj | None: ...
 
     async def get_storageclass(self, name: str) -> Obj | None: ...
 
@@ -46,6 +55,7 @@ class PodReader(Protocol):
 
 
 HOLDING_PHASES = frozenset({MovePhase.STOPPING, MovePhase.FINAL_COPY, MovePhase.SWAPPING})
+SOURCE_LOOKUP_SECONDS = 3.0  # a restore's source node, sought at most this long per claim
 
 
 @dataclass(frozen=True)
@@ -119,6 +129,7 @@ class _Walk:
         self.reader, self.names, self.namespace = reader, names, namespace
         self.classes: dict[str, Obj | None] = {}
         self.sums: dict[str, int] = {}
+        self.pending: list[tuple[str, Obj, Obj]] = []  # Pending TopoLVM claims: name, PVC, class
 
     async def topolvm_class(self, name: str) -> Obj | None:
         """The StorageClass ``name`` if it is TopoLVM's, else None."""
@@ -162,6 +173,7 @@ class _Walk:
         if _map(pvc.get("status")).get("phase") != "Pending":
             return False  # the volume exists: the pod goes where it is, nothing to add
         self.add(sc, _size(spec, f"PersistentVolumeClaim {self.namespace}/{claim_name}"))
+        self.pending.append((claim_name, pvc, sc))
         return True
 
     async def ephemeral(self, volume_name: str, template: Mapping[str, Any]) -> None:
@@ -174,11 +186,9 @@ class _Walk:
             self.add(sc, _size(spec, f"ephemeral volume {volume_name}"))
 
 
-async def requested_capacity(
-    pod: Obj, request_namespace: str, reader: PodReader, names: Names
-) -> dict[str, int] | None:
-    """Bytes per annotation suffix the pod's TopoLVM volumes request; None when a TopoLVM PVC
-    of the pod is no longer Pending (then the pod is not mutated at all)."""
+async def _walk(pod: Obj, request_namespace: str, reader: PodReader, names: Names) -> _Walk | None:
+    """The pod's TopoLVM volumes walked; None when a TopoLVM PVC of the pod is no longer
+    Pending (then the pod is not mutated at all)."""
     namespace = _map(pod.get("metadata")).get("namespace") or request_namespace
     walk = _Walk(reader, names, str(namespace))
     for volume in _volumes(pod):
@@ -192,7 +202,43 @@ async def requested_capacity(
             template = ephemeral.get("volumeClaimTemplate")
             if isinstance(template, Mapping):
                 await walk.ephemeral(name, template)
-    return walk.sums
+    return walk
+
+
+async def requested_capacity(
+    pod: Obj, request_namespace: str, reader: PodReader, names: Names
+) -> dict[str, int] | None:
+    """Bytes per annotation suffix the pod's TopoLVM volumes request; None when a TopoLVM PVC
+    of the pod is no longer Pending (then the pod is not mutated at all)."""
+    walk = await _walk(pod, request_namespace, reader, names)
+    return None if walk is None else walk.sums
+
+
+async def source_nodes(walk: _Walk, reader: PodReader) -> tuple[list[str], list[str]]:
+    """The nodes the pod's restored or cloned claims come from (where their restore is
+    local), and warnings for the claims whose source could not be sought: a courtesy that is
+    skipped, never a refusal."""
+    nodes: list[str] = []
+    warnings: list[str] = []
+    for claim_name, pvc, sc in walk.pending:
+        where = f"PersistentVolumeClaim {walk.namespace}/{claim_name}"
+        try:
+            sc_name = _map(sc.get("metadata")).get("name")
+            if not prefers_source(sc.get("parameters"), walk.names, f"StorageClass {sc_name}"):
+                continue
+            placed = {**pvc, "metadata": {**_map(pvc.get("metadata")), "namespace": walk.namespace}}
+            node = await asyncio.wait_for(source_node(placed, reader, walk.names),
+                                          SOURCE_LOOKUP_SECONDS)  # fmt: skip
+        except PlacementValueError as e:
+            warnings.append(f"{where}: {e}; kube-scheduler places it without that preference")
+            continue
+        except Exception as e:  # any read failure: the pod goes without the preference
+            warnings.append(f"{where}: its source's node is not known ({type(e).__name__}: {e}); "
+                            "kube-scheduler places it without that preference")  # fmt: skip
+            continue
+        if node:
+            nodes.append(node)
+    return nodes, warnings
 
 
 def _volumes(pod: Obj) -> list[Mapping[str, Any]]:
@@ -267,7 +313,9 @@ async def decide(
             return errored(400, "spec.containers[0] is not an object")
         if not _volumes(pod):
             return allowed("no volumes")
-        requested = await requested_capacity(pod, request_namespace, reader, names)
+        walk = await _walk(pod, request_namespace, reader, names)
+        requested = None if walk is None else walk.sums
+        nodes, warnings = ([], []) if walk is None else await source_nodes(walk, reader)
         moving = await moving_claim(pod, request_namespace, reader)
     except _BadPod as e:
         return errored(400, str(e))
@@ -281,6 +329,9 @@ async def decide(
         changed = mutated_pod(pod, requested, names, marker=marker)
         summary = ", ".join(f"{key}={size}" for key, size in sorted(requested.items()))
         said.append(f"requested capacity: {summary}")
+    if nodes and changed is not (preferred := preferring(changed, nodes)):
+        changed = preferred
+        said.append(f"prefers {', '.join(dict.fromkeys(nodes))}, where its restore is local")
     if moving is not None:
         changed = gated_pod(changed, gate_name(names.plugin))
         said.append(f"held by the move of claim {moving}")
@@ -289,6 +340,6 @@ async def decide(
         "mutated",
         "; ".join(said),
         patch=patch,
-        warnings=marker_warnings(names) if marker and requested else [],
+        warnings=(marker_warnings(names) if marker and requested else []) + warnings,
         requested=dict(sorted((requested or {}).items())),
     )

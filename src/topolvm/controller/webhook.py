@@ -24,7 +24,7 @@ from typing import Any
 from aiohttp import web
 from cryptography import x509
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import PersistentVolumeClaim
+from lightkube.resources.core_v1 import PersistentVolume, PersistentVolumeClaim
 from lightkube.resources.storage_v1 import StorageClass
 
 from topolvm import tlspair
@@ -32,6 +32,7 @@ from topolvm.constants import NORMAL, Names
 from topolvm.controller.metrics import ControllerMetrics
 from topolvm.controller.podmutate import Decision, PodReader, decide
 from topolvm.k8s import api
+from topolvm.k8s.lvstore import LogicalVolumeStore
 from topolvm.process import stopped_within
 
 log = logging.getLogger("topolvm.controller.webhook")
@@ -65,11 +66,38 @@ def load_pair(ctx: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
 
 
 class ApiPodReader:
-    """Live reads (no cache) through a lightkube client."""
+    """Live reads (no cache) through a lightkube client; a volume's node from ``store`` (the
+    controller's LogicalVolume cache) when given, else from a list of LogicalVolumes."""
 
-    def __init__(self, client: AsyncClient, names: Names = NORMAL) -> None:
+    def __init__(
+        self, client: AsyncClient, names: Names = NORMAL, store: LogicalVolumeStore | None = None
+    ) -> None:
         self.client = client
+        self.names = names
+        self.store = store
         self.moves = api.volumemove_resource(names)
+
+    async def get_pv(self, name: str) -> api.Obj | None:
+        return await api.get(self.client, PersistentVolume, name)
+
+    async def get_volumesnapshot(self, namespace: str, name: str) -> api.Obj | None:
+        return await api.get(self.client, api.VolumeSnapshot, name, namespace=namespace)
+
+    async def get_volumesnapshotcontent(self, name: str) -> api.Obj | None:
+        return await api.get(self.client, api.VolumeSnapshotContent, name)
+
+    async def get_volumesnapshotclass(self, name: str) -> api.Obj | None:
+        return await api.get(self.client, api.VolumeSnapshotClass, name)
+
+    async def node_of_volume(self, volume_id: str) -> str | None:
+        if self.store is not None:
+            lv = await self.store.find_by_volume_id(volume_id)
+            return None if lv is None else lv.node_name
+        items, _ = await api.list_all(self.client, api.logicalvolume_resource(self.names))
+        for obj in items:
+            if (obj.get("status") or {}).get("volumeID") == volume_id:
+                return str((obj.get("spec") or {}).get("nodeName") or "") or None
+        return None
 
     async def get_pvc(self, namespace: str, name: str) -> api.Obj | None:
         return await api.get(self.client, PersistentVolumeClaim, name, namespace=namespace)

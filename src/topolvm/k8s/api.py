@@ -121,6 +121,19 @@ def logicalvolume_resource(names: Names) -> type[GenericGlobalResource]:
     return create_global_resource(names.group, "v1", "LogicalVolume", "logicalvolumes")
 
 
+# the external-snapshotter's kinds (snapshot.storage.k8s.io/v1): a snapshot's source and a
+# restore's
+VolumeSnapshot = create_namespaced_resource(
+    "snapshot.storage.k8s.io", "v1", "VolumeSnapshot", "volumesnapshots"
+)
+VolumeSnapshotContent = create_global_resource(
+    "snapshot.storage.k8s.io", "v1", "VolumeSnapshotContent", "volumesnapshotcontents"
+)
+VolumeSnapshotClass = create_global_resource(
+    "snapshot.storage.k8s.io", "v1", "VolumeSnapshotClass", "volumesnapshotclasses"
+)
+
+
 def volumemove_resource(names: Names | None = None) -> type[GenericNamespacedResource]:
     """The namespaced VolumeMove resource (docs/mobility.md, "Move"): always ``topolvm.io``,
     legacy mode or not (a VolumeMove has no upstream, hence no legacy group; ``names`` is

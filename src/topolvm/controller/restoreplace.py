@@ -1,0 +1,177 @@
+"""A restore or clone stays on its source's node when it can (docs/mobility.md, "A restore
+stays local when it can").
+
+A claim restored from a VolumeSnapshot or cloned from another claim is filled on the node
+kube-scheduler picks for its pod. On the source's node that is a local snapshot or clone, at
+once; anywhere else a node-to-node copy fills it first. kube-scheduler knows nothing of that, so
+the pod webhook tells it: a pod that mounts such a claim (Pending, of a TopoLVM StorageClass)
+gets a *preferred* node affinity for the source's node (``matchFields`` on ``metadata.name``,
+weight 100). Preferred, not required: where the pod cannot run there (no room, a taint, its own
+affinity), kube-scheduler places it elsewhere and the copy happens as before. This works in
+every scheduling mode, capacity tracking (the chart's default) included, since it only adds a
+score.
+
+``<plugin>/restore-placement: anywhere`` in the claim's StorageClass, or in the snapshot's
+VolumeSnapshotClass, turns it off; ``source-node`` (the default) keeps it.
+
+The preference is a courtesy: a source that cannot be found (a snapshot not ready yet, a read
+that fails) leaves the pod as it is, with a warning, and never refuses it.
+
+Pure rules here; the reads go through the webhook's :class:`Sources` reader.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from topolvm.constants import Names
+
+Obj = dict[str, Any]
+
+SOURCE_NODE, ANYWHERE = "source-node", "anywhere"
+WEIGHT = 100  # the most a preferred term can weigh
+SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
+
+
+class PlacementValueError(ValueError):
+    """``<plugin>/restore-placement`` is neither ``source-node`` nor ``anywhere``."""
+
+
+class Sources(Protocol):
+    """The reads that find a source's node; each returns None when the object is missing."""
+
+    async def get_pvc(self, namespace: str, name: str) -> Obj | None: ...
+
+    async def get_pv(self, name: str) -> Obj | None: ...
+
+    async def get_volumesnapshot(self, namespace: str, name: str) -> Obj | None: ...
+
+    async def get_volumesnapshotcontent(self, name: str) -> Obj | None: ...
+
+    async def get_volumesnapshotclass(self, name: str) -> Obj | None: ...
+
+    async def node_of_volume(self, volume_id: str) -> str | None:
+        """The node of the LogicalVolume whose ``status.volumeID`` is ``volume_id``."""
+        ...
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def prefers_source(params: Any, names: Names, what: str = "parameters") -> bool:
+    """Whether a StorageClass's or VolumeSnapshotClass's ``parameters`` keep the preference;
+    raises :class:`PlacementValueError` (naming ``what``) for a value that is neither choice."""
+    key = restore_placement_param(names)
+    value = _map(params).get(key, "") or SOURCE_NODE
+    if value not in (SOURCE_NODE, ANYWHERE):
+        raise PlacementValueError(
+            f"{what}: {key} must be {SOURCE_NODE} or {ANYWHERE}, got {value!r}"
+        )
+    return value == SOURCE_NODE
+
+
+def placement_error(params: Any, names: Names, what: str) -> str:
+    """What is wrong with ``params``' restore placement ("" when nothing is)."""
+    try:
+        prefers_source(params, names, what)
+    except PlacementValueError as e:
+        return str(e)
+    return ""
+
+
+def restore_placement_param(names: Names) -> str:
+    return f"{names.plugin}/restore-placement"
+
+
+def data_source(pvc: Obj) -> tuple[str, str] | None:
+    """``("VolumeSnapshot" | "PersistentVolumeClaim", name)`` a claim is filled from (its
+    ``dataSourceRef``, else ``dataSource``; in the claim's namespace); None for none or any
+    other kind (a volume populator's)."""
+    spec = _map(pvc.get("spec"))
+    ref = _map(spec.get("dataSourceRef")) or _map(spec.get("dataSource"))
+    if ref.get("namespace") not in (None, "", _map(pvc.get("metadata")).get("namespace")):
+        return None  # a cross-namespace source: not ours to follow
+    kind, group, name = ref.get("kind"), ref.get("apiGroup") or "", ref.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    if kind == "VolumeSnapshot" and group == SNAPSHOT_GROUP:
+        return "VolumeSnapshot", name
+    if kind == "PersistentVolumeClaim" and group == "":
+        return "PersistentVolumeClaim", name
+    return None
+
+
+async def source_node(pvc: Obj, sources: Sources, names: Names) -> str | None:
+    """The node a Pending claim's data source is on, when a restore or clone there is
+    preferred; None when it has no such source, the snapshot's class turns the preference off,
+    or the source is not there yet. Read failures and bad parameters raise."""
+    found = data_source(pvc)
+    if found is None:
+        return None
+    kind, name = found
+    namespace = str(_map(pvc.get("metadata")).get("namespace") or "")
+    if kind == "PersistentVolumeClaim":
+        claim = await sources.get_pvc(namespace, name)
+        volume = _map(_map(claim).get("spec")).get("volumeName")
+        pv = await sources.get_pv(volume) if isinstance(volume, str) and volume else None
+        handle = _map(_map(_map(pv).get("spec")).get("csi"))
+        if handle.get("driver") != names.plugin:
+            return None
+        volume_id = handle.get("volumeHandle")
+    else:
+        snapshot = await sources.get_volumesnapshot(namespace, name)
+        if snapshot is None:
+            return None
+        class_name = _map(snapshot.get("spec")).get("volumeSnapshotClassName")
+        if isinstance(class_name, str) and class_name:
+            vsclass = await sources.get_volumesnapshotclass(class_name)
+            if vsclass is not None and vsclass.get("driver") != names.plugin:
+                return None
+            what = f"VolumeSnapshotClass {class_name}"
+            if vsclass is not None and not prefers_source(vsclass.get("parameters"), names, what):
+                return None
+        content_name = _map(snapshot.get("status")).get("boundVolumeSnapshotContentName")
+        if not isinstance(content_name, str) or not content_name:
+            return None
+        content = _map(await sources.get_volumesnapshotcontent(content_name))
+        if _map(content.get("spec")).get("driver") != names.plugin:
+            return None
+        volume_id = _map(content.get("status")).get("snapshotHandle") or _map(
+            _map(content.get("spec")).get("source")
+        ).get("snapshotHandle")
+    if not isinstance(volume_id, str) or not volume_id:
+        return None
+    return await sources.node_of_volume(volume_id)
+
+
+def _term(node: str) -> Obj:
+    return {
+        "weight": WEIGHT,
+        "preference": {
+            "matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]
+        },
+    }
+
+
+def preferring(pod: Obj, nodes: Sequence[str]) -> Obj:
+    """A copy of ``pod`` that prefers each of ``nodes`` (a preferred node affinity term each,
+    after the pod's own, none added twice); ``pod`` itself when it is bound to a node."""
+    if not nodes or _map(pod.get("spec")).get("nodeName"):
+        return pod
+    out = copy.deepcopy(pod)
+    spec = out["spec"]
+    if not isinstance(spec.get("affinity"), dict):
+        spec["affinity"] = {}
+    if not isinstance(spec["affinity"].get("nodeAffinity"), dict):
+        spec["affinity"]["nodeAffinity"] = {}
+    affinity = spec["affinity"]["nodeAffinity"]
+    key = "preferredDuringSchedulingIgnoredDuringExecution"
+    if not isinstance(affinity.get(key), list):
+        affinity[key] = []
+    for node in dict.fromkeys(nodes):
+        if _term(node) not in affinity[key]:
+            affinity[key].append(_term(node))
+    return out
