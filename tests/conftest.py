@@ -137,9 +137,13 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 @pytest.fixture(autouse=True)
 def _hang_report() -> Iterator[None]:
-    """If a test (with its teardown) runs for over 3 minutes, print every pending asyncio task's
-    stack, so a hang inside UML says where it is instead of only timing out the whole run."""
-    seconds = float(os.environ.get("TOPOLVM_HANG_SECONDS", "180"))
+    """If a test (with its teardown) runs for over 3 minutes (90 s in UML), print every pending
+    asyncio task's stack, so a hang inside UML says where it is instead of only timing out the
+    whole run."""
+    # in UML before the host's stall watch (uml_tier.STALL_SECONDS) kills a silent guest, so a
+    # test that hangs there says where before the guest goes
+    default = "90" if uml_tier.IN_UML else "180"
+    seconds = float(os.environ.get("TOPOLVM_HANG_SECONDS", default))
     timer = threading.Timer(seconds, _dump_tasks, args=(seconds,))
     timer.daemon = True
     timer.start()

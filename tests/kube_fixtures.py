@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -14,6 +15,7 @@ from lightkube import AsyncClient, KubeConfig
 from lightkube.config.models import Cluster, User
 
 from tests.kube_emulator import KubeEmulator
+from topolvm.move.prepull import COMPONENT, COMPONENT_LABEL
 
 
 def client_for(emu: KubeEmulator, namespace: str = "default") -> AsyncClient:
@@ -59,3 +61,18 @@ def write_kubeconfig(path: Path, server: str) -> Path:
         )
     )
     return path
+
+
+def pulled_at_once(obj: dict[str, Any]) -> None:
+    """An emulator ``on_create`` hook: the target's kubelet takes a move's pre-pull pod
+    (src/topolvm/move/prepull.py), finds its images there and fails to start its containers,
+    as a real one does with the pod's command that does not exist."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    if obj.get("kind", "Pod") != "Pod" or labels.get(COMPONENT_LABEL) != COMPONENT:
+        return
+    containers = (obj.get("spec") or {}).get("containers") or []
+    obj["status"] = {"phase": "Failed", "containerStatuses": [
+        {"name": c["name"], "image": c["image"], "imageID": f"sha256:{i:064x}", "ready": False,
+         "restartCount": 0,
+         "state": {"terminated": {"reason": "StartError", "exitCode": 128}}}
+        for i, c in enumerate(containers)]}  # fmt: skip

@@ -53,7 +53,6 @@ class Reader:
             raise RuntimeError("503 ServiceUnavailable: etcd is down")
         return self.moves.get(f"{namespace}/{name}")
 
-
     async def get_pv(self, name: str) -> Obj | None:
         return self.pvs.get(name)
 

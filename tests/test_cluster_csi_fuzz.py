@@ -72,9 +72,11 @@ sizes = st.integers(-(2**63), 2**63 - 1) | st.integers(0, 256 << 20)
 params = st.dictionaries(
     st.sampled_from([NORMAL.device_class_param, NORMAL.lvcreate_option_class_param,
                      NORMAL.snapshot_placement_param, NORMAL.snapshot_node_selector_param,
-                     "csi.storage.k8s.io/fstype", "csi.storage.k8s.io/pvc/name",
-                     "csi.storage.k8s.io/pvc/namespace"]) | st.text(max_size=20),
-    st.sampled_from(["ssd", "thin", "", "other-node", "source-node", "a=b", "x,,=", "nope"])
+                     "topolvm.io/restore-placement", "csi.storage.k8s.io/fstype",
+                     "csi.storage.k8s.io/pvc/name", "csi.storage.k8s.io/pvc/namespace"])
+    | st.text(max_size=20),
+    st.sampled_from(["ssd", "thin", "", "other-node", "source-node", "anywhere", "a=b", "x,,=",
+                     "nope"])
     | st.text(max_size=20),
     max_size=4,
 )  # fmt: skip

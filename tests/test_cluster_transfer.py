@@ -37,7 +37,7 @@ from tests.move_helpers import (
     writer_set,
 )
 from tests.move_writer_helpers import answers, lines_on, move_of, node_ready, refused, writer
-from tests.provisioning import NS, GiB, Scenario, claim, events_for, pvc, shared_nodes
+from tests.provisioning import NS, GiB, Scenario, claim, events_for, pod, pvc, shared_nodes
 from tests.transfer_helpers import (
     MiB,
     from_snapshot,
@@ -118,6 +118,51 @@ async def test_a_thin_snapshot_restores_on_another_node_sending_only_its_blocks(
     assert 96 * MiB <= sent <= 0.2 * GiB, sent
     assert target.copy.transferred_bytes == sent
     await lvs_accounted(s, "the restore")
+
+
+async def test_a_restore_free_to_run_anywhere_stays_on_its_snapshots_node(abc: Scenario) -> None:
+    """(docs/mobility.md, "A restore stays local when it can") With the pod webhook on, a pod
+    free to run on any of the three nodes whose claim is restored from a snapshot on node B
+    runs on B, its volume a local snapshot: nothing copied. A pod that must run on C still gets
+    its copy; a StorageClass with ``restore-placement: anywhere`` adds no preference."""
+    s = abc
+    _, b, c = s.nodes
+    thin = s.sc(device_class="thin", fs_type="xfs")
+    vsc = unique("vsc")
+    s.apply(snapshot_class(vsc))
+    src, writer = unique("src"), unique("writer")
+    s.apply(claim(src, thin, "1Gi"), on_node(writer, s.group, b.name, [src]))
+    await s.running(writer)
+    sums = write_data(s, writer, src, mib=8)
+    snap = unique("snap")
+    s.apply(snapshot(snap, vsc, src))
+    await ready_snapshot(s, snap)
+    async with move_webhook(s.cp, s.client):
+        local, anywhere, pinned = unique("local"), unique("anywhere"), unique("pinned")
+        s.apply(claim(local, thin, "1Gi", source=from_snapshot(snap)),
+                pod(local, s.group, [local]),
+                claim(pinned, thin, "1Gi", source=from_snapshot(snap)),
+                on_node(pinned, s.group, c.name, [pinned]))  # fmt: skip
+        [near] = await s.running(local)
+        [far] = await s.running(pinned, timeout=300)
+        off = s.sc(device_class="thin", fs_type="xfs",
+                   extra={"topolvm.io/restore-placement": "anywhere"})  # fmt: skip
+        s.apply(claim(anywhere, off, "1Gi", source=from_snapshot(snap)))
+        tried = await api.create(s.client, Pod.from_dict(pod(anywhere, s.group, [anywhere])),
+                                 dry_run=True)  # fmt: skip
+    placed = await api.get(s.client, Pod, local, namespace=NS)
+    assert placed is not None and placed["spec"]["nodeName"] == b.name
+    terms = placed["spec"]["affinity"]["nodeAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert terms[0]["preference"]["matchFields"][0]["values"] == [b.name]
+    here = await logical_volume_of(s, near.volume_id)
+    assert here.node_name == b.name and here.copy is None and not here.copy_source  # no copy
+    there = await logical_volume_of(s, far.volume_id)
+    assert there.node_name == c.name and there.copy is not None and there.copy.source_node == b.name
+    for reader, restored in ((local, local), (pinned, pinned)):
+        assert read_sums(s, reader, restored).replace(restored, src) == sums
+    assert "affinity" not in tried["spec"]  # the class turned the preference off
 
 
 async def test_a_thick_volume_snapshots_and_restores_on_another_node(abc: Scenario) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.kube_emulator import CRD_DIR, DEFAULT_CRDS, KubeEmulator
-from tests.kube_fixtures import write_kubeconfig
+from tests.kube_fixtures import pulled_at_once, write_kubeconfig
 from topolvm import cli
 from topolvm.constants import NORMAL
 from topolvm.k8s.moveobject import MoveStatus, VolumeMoveObject
@@ -118,6 +118,7 @@ async def emu() -> AsyncIterator[KubeEmulator]:
     e.register("apps", "v1", "replicasets", "ReplicaSet", True, True)
     e.register("apps", "v1", "deployments", "Deployment", True, True)
     e.register("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, True)
+    e.on_create.append(pulled_at_once)  # the target's kubelet has the images a move pre-pulls
     await e.start()
     try:
         yield e

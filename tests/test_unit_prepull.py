@@ -54,3 +54,13 @@ def test_pull_state() -> None:
     assert done.describe() == "pulled reg/tools:1; could not pull reg/db:2: not found"
     ended = prepull.pull_state(_pod({"name": "pull-0", "imageID": "sha256:1"}, phase="Failed"))
     assert ended.done and ended.failed == ("reg/db:2: the pod ended",)
+
+
+def test_a_container_the_kubelet_tried_to_start_has_its_image() -> None:
+    """The kubelet creates and starts a container only after its pull: a start that failed
+    (the pre-pull's command does not exist) says the image is there, imageID or not."""
+    state = prepull.pull_state(_pod(
+        {"name": "pull-0", "state": {"waiting": {"reason": "RunContainerError"}}},
+        {"name": "pull-1", "state": {"terminated": {"reason": "StartError", "exitCode": 128}}},
+    ))  # fmt: skip
+    assert state.done and state.pulled == ("reg/tools:1", "reg/db:2") and not state.failed

@@ -7,7 +7,7 @@ import builtins
 import copy
 import uuid
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import yaml
@@ -39,6 +39,9 @@ class Store:
         self._history: deque[Event] = deque()
         self._floor = 0  # watches from a resourceVersion below this get 410 Expired
         self._watchers: set[Watcher] = set()
+        # what the cluster's other parts do at once with an object created through the API (a
+        # kubelet reporting a pod it was given, say): each may change the object, status too
+        self.on_create: list[Callable[[JSON], None]] = []
 
         self.register("", "v1", "nodes", "Node", False, True, status_on_create=True)
         self.register("", "v1", "pods", "Pod", True, True, selectable_fields=("spec.nodeName",))

@@ -114,6 +114,8 @@ class Verbs(Store):
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339(), generation=1)
         if rtype.status_subresource and not rtype.status_on_create:
             obj.pop("status", None)
+        for hook in self.on_create:
+            hook(obj)
         return self._commit(rtype, key, None, obj, "ADDED")
 
     def _replace(

@@ -10,6 +10,7 @@ import logging
 
 from lightkube.resources.core_v1 import PersistentVolume, PersistentVolumeClaim, Pod
 
+from topolvm.controller.moveprepull import PrePull
 from topolvm.controller.movesteps import Fenced, Steps
 from topolvm.k8s import api
 from topolvm.k8s import errors as kube
@@ -21,8 +22,9 @@ log = logging.getLogger(__name__)
 
 
 class Ends:
-    def __init__(self, steps: Steps) -> None:
+    def __init__(self, steps: Steps, prepull: PrePull) -> None:
         self.steps = steps
+        self.prepull = prepull
         self.client = steps.client
         self.store = steps.store
         self.driver = steps.names.plugin
@@ -113,5 +115,6 @@ class Ends:
         if vm.status.reclaim_policy:
             await self.steps.retain(vm, vm.status.reclaim_policy)
         await self.steps.ungate(vm)
+        await self.prepull.remove(vm)
         log.info("move rolled back", extra={"move": f"{vm.namespace}/{vm.name}",
                                             "reason": vm.status.reason})  # fmt: skip

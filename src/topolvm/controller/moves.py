@@ -39,11 +39,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from asyncio import Lock
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from datetime import UTC, datetime
 
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import PersistentVolumeClaim
@@ -54,6 +52,7 @@ from topolvm.controller.gatesweep import GateSweep
 from topolvm.controller.metrics import ControllerMetrics
 from topolvm.controller.moveends import Ends
 from topolvm.controller.movegroup import Group
+from topolvm.controller.moveprepull import PrePull
 from topolvm.controller.movesteps import Fenced, Rollback, Stale
 from topolvm.controller.moveverify import Verify
 from topolvm.controller.nodecleanup import counted, run_controller
@@ -71,9 +70,11 @@ from topolvm.k8s.moveobject import (
     may_write,
 )
 from topolvm.k8s.runtime import Controller, Informer, ReconcileError, Result, object_key
+from topolvm.k8s.stamps import now, seconds_since
 from topolvm.move import claims, rules
 from topolvm.move import target as target_copy
 from topolvm.move.notes import notes
+from topolvm.move.prepull import ImagesPulled
 from topolvm.units import human
 
 log = logging.getLogger(__name__)
@@ -83,18 +84,6 @@ POLL_DOWN = 0.25  # and while its pod is down: each wait (the pod gone, the copy
 # bound, the pod running) ends that much sooner
 FENCED_RETRY = 30.0  # a move whose delete its fence refused looks again this often
 DECIDE_AGAIN = 5  # a pass whose write meets a newer version reads and decides again, so often
-
-
-def now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _seconds_since(stamp: str) -> int:
-    try:
-        then = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    except ValueError:
-        return 0
-    return max(0, int(time.time() - then.timestamp()))
 
 
 class MoveReconciler:
@@ -109,7 +98,8 @@ class MoveReconciler:
         self.resource = api.volumemove_resource(names)
         self.gate = claims.gate_name(names.plugin)
         self.steps = movesteps.Steps(client, names, store, self.gate)
-        self.ends = Ends(self.steps)
+        self.prepull = PrePull(client)
+        self.ends = Ends(self.steps, self.prepull)
         self.verify = Verify(self.steps, self.ends)
         self.sweep = GateSweep(client, names, interval=gate_sweep)
         self.resync = resync
@@ -283,7 +273,7 @@ class MoveReconciler:
 
     async def _precopy(self, vm: VolumeMoveObject, group: Group) -> MoveStatus:
         s = vm.status
-        group.check_alive(_seconds_since(vm.created))
+        group.check_alive(seconds_since(vm.created))
         await self.steps.retain(vm)  # nothing deletes the original until the move is done
         if not group.past_precopy:  # else the pod was stopped by the move of another claim
             await self.steps.running_pod(vm)  # the pod stopped meanwhile: roll back
@@ -295,20 +285,26 @@ class MoveReconciler:
         )  # fmt: skip
         target = await self.steps.target(request)
         progress = target_copy.progress(MovePhase.PRE_COPY, target)
+        pulling = ""  # the pod's images are pulled on the target meanwhile (moveprepull)
+        if (pulled := s.condition(ImagesPulled.TYPE)) is None:
+            pulled, pulling = await self.prepull.check(vm)
+            s = s if pulled is None else s.with_condition(pulled)
         if not target.copy_done:
             return replace(s, **progress)
         waiting = await group.waiting(self.store, MovePhase.PRE_COPY, "pre-copy")
-        if waiting:
-            return replace(s, **progress, message=waiting)
         precopied = target.copy.transferred_bytes if target.copy else 0
+        if waiting or pulled is None:
+            return replace(s, **progress, message=waiting or f"pre-copy done; {pulling}")
         return replace(
             s, **progress, phase=MovePhase.STOPPING, stop_time=now(), precopy_bytes=precopied,
-            message=f"pre-copy done ({human(precopied)} sent); stopping pod {s.pod}",
+            message=f"pre-copy done ({human(precopied)} sent), images {pulled.message}; "
+            f"stopping pod {s.pod}",
         )  # fmt: skip
 
     async def _stopping(self, vm: VolumeMoveObject, group: Group) -> MoveStatus:
         s = vm.status
-        group.check_alive(_seconds_since(vm.created))
+        group.check_alive(seconds_since(vm.created))
+        await self.prepull.remove(vm)  # its work is done (the images stay on the node)
         waiting = await self.steps.stop_pod(vm)
         if waiting:
             return replace(s, message=waiting)
@@ -320,7 +316,7 @@ class MoveReconciler:
 
     async def _final(self, vm: VolumeMoveObject, group: Group) -> MoveStatus:
         s = vm.status
-        group.check_alive(_seconds_since(vm.created))
+        group.check_alive(seconds_since(vm.created))
         await self.steps.no_pod_on_old_node(vm)
         target = await self.steps.target(None, vm.made_name)
         progress = target_copy.progress(MovePhase.FINAL_COPY, target)
@@ -347,7 +343,7 @@ class MoveReconciler:
                            "commit")  # fmt: skip
         if not group.commit_complete:
             if not vm.status.commit_time:
-                group.check_alive(_seconds_since(vm.created))
+                group.check_alive(seconds_since(vm.created))
             waiting = group.not_swapping() or await self.steps.swap(vm, committed=False)
             if waiting:
                 return replace(vm.status, message=waiting)
@@ -374,7 +370,7 @@ class MoveReconciler:
                    or await self.steps.start_pod(vm))  # fmt: skip
         if waiting:
             return replace(s, message=waiting)
-        down = _seconds_since(s.stop_time)
+        down = seconds_since(s.stop_time)
         return replace(
             s, phase=MovePhase.VERIFYING, downtime_seconds=down, progress="Verifying",
             old_volume=OldVolume.KEPT,

@@ -20,9 +20,7 @@ before the move; never by the status's ``sourceVolume``.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
 
 from lightkube.resources.core_v1 import PersistentVolume
 
@@ -38,30 +36,12 @@ from topolvm.k8s.moveobject import (
     Verified,
     VolumeMoveObject,
 )
+from topolvm.k8s.stamps import later, now, seconds_until
 from topolvm.move import verdict
 from topolvm.move.verdict import Outcome
 from topolvm.units import human
 
 log = logging.getLogger(__name__)
-STAMP = "%Y-%m-%dT%H:%M:%SZ"
-
-
-def now() -> str:
-    return datetime.now(UTC).strftime(STAMP)
-
-
-def later(stamp: str, seconds: int) -> str:
-    then = datetime.strptime(stamp, STAMP).replace(tzinfo=UTC)
-    return (then + timedelta(seconds=seconds)).strftime(STAMP)
-
-
-def seconds_until(stamp: str) -> float:
-    """Seconds from now until ``stamp`` (0 if past or unreadable)."""
-    try:
-        then = datetime.strptime(stamp, STAMP).replace(tzinfo=UTC)
-    except ValueError:
-        return 0.0
-    return max(0.0, then.timestamp() - time.time())
 
 
 class Verify:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from topolvm.k8s.moveobject import MovePhase, MoveStatus, OldVolume, Verified
+from topolvm.move.prepull import ImagesPulled
 
 WARNING_PHASES = frozenset({MovePhase.ROLLING_BACK, MovePhase.ROLLED_BACK, MovePhase.REFUSED,
                             MovePhase.UNVERIFIED})  # fmt: skip
@@ -26,6 +27,11 @@ def notes(read: MoveStatus, written: MoveStatus) -> list[Note]:
     was, now = read.condition(Verified.TYPE), written.condition(Verified.TYPE)
     if now is not None and now != was and now.status == "True":
         out.append(Note("MoveVerified", now.message))
+    pulled = written.condition(ImagesPulled.TYPE)
+    if pulled is not None and read.condition(ImagesPulled.TYPE) is None:
+        ok = pulled.status == "True"
+        out.append(Note("ImagesPulled" if ok else "ImagesNotPulled",
+                        f"images {pulled.message}", not ok))  # fmt: skip
     if written.phase != read.phase:
         phase = written.phase
         out.append(Note(REASONS.get(phase, f"Move{phase}"), written.message,

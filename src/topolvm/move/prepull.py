@@ -23,8 +23,20 @@ Obj = dict[str, Any]
 NEVER_RUNS = "/.topolvm-prepull-does-not-run"
 PULL_FAILED = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
                          "ErrImageNeverPull", "RegistryUnavailable"})  # fmt: skip
+AFTER_PULL = frozenset({"CreateContainerError", "CreateContainerConfigError",
+                        "RunContainerError", "StartError", "CrashLoopBackOff"})  # fmt: skip
 COMPONENT_LABEL = "app.kubernetes.io/component"
 COMPONENT = "topolvm-prepull"
+
+
+class ImagesPulled:
+    """The VolumeMove's ``ImagesPulled`` condition: its type and reasons."""
+
+    TYPE = "ImagesPulled"
+    PULLED = "Pulled"  # True: every image is on the target node (or there was none)
+    FAILED = "PullFailed"  # False: the kubelet could not pull one (the message says which)
+    TIMED_OUT = "PullTimedOut"  # False: not over in time; the pod's start pulls
+    SKIPPED = "PullSkipped"  # False: the pre-pull pod could not be made
 
 
 def pod_name(move_uid: str) -> str:
@@ -99,7 +111,9 @@ def pull_state(pod: Mapping[str, Any]) -> Pull:
     for name, image in spec_images.items():
         s = statuses.get(name) or {}
         reason = str(((s.get("state") or {}).get("waiting") or {}).get("reason") or "")
-        if s.get("imageID"):
+        # the image is there once the kubelet names it, or tried to create or start its
+        # container (which it does only after the pull)
+        if s.get("imageID") or (s.get("state") or {}).get("terminated") or reason in AFTER_PULL:
             pulled.append(image)
         elif reason in PULL_FAILED:
             message = ((s.get("state") or {}).get("waiting") or {}).get("message") or reason

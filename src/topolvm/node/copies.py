@@ -29,7 +29,8 @@ from topolvm.constants import Names
 from topolvm.k8s import api
 from topolvm.k8s import errors as kube
 from topolvm.k8s.lvobject import CopyPhase, CopyStatus, LogicalVolumeObject
-from topolvm.node.copyreport import CopyReporter, Run, SourceGone, now
+from topolvm.k8s.stamps import now
+from topolvm.node.copyreport import CopyReporter, Run, SourceGone
 from topolvm.node.volumes import Cuts, LvmdVolumes
 from topolvm.transfer import client, messages, pipeline, plan
 from topolvm.transfer.auth import older_sender

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -19,6 +18,7 @@ from topolvm.constants import Names
 from topolvm.k8s import api, events
 from topolvm.k8s import errors as kube
 from topolvm.k8s.lvobject import CopyPhase, CopyStatus, InvalidQuantity, LogicalVolumeObject
+from topolvm.k8s.stamps import now
 from topolvm.transfer import client, messages
 from topolvm.transfer.errors import CopyImpossible, DigestMismatch, TransferError
 from topolvm.transfer.metrics import TransferMetrics
@@ -228,7 +228,3 @@ def copy_patch(copy: CopyStatus) -> dict[str, Any]:
         full.setdefault(key, None)
     full.setdefault("checkpoint", None)
     return full
-
-
-def now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

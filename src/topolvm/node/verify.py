@@ -37,7 +37,7 @@ from topolvm.k8s.lvobject import (
     VerifyPhase,
     VerifyStatus,
 )
-from topolvm.node.copyreport import now
+from topolvm.k8s.stamps import now
 from topolvm.node.lvmd_client import LvmdCallError, LvmdClient
 from topolvm.node.verifyread import (
     VERIFY_COW_SHARE,
