@@ -42,7 +42,9 @@ def _puller(emu: KubeEmulator, vm: VolumeMoveObject) -> dict[str, Any] | None:
 
 
 async def _events(r: MoveReconciler) -> list[tuple[str, str, str]]:
+    """The VolumeMove's Events, in the order they were posted."""
     items, _ = await api.list_all(r.client, Event, namespace=NS)
+    items.sort(key=lambda e: int(e["metadata"]["resourceVersion"]))
     return [(e["reason"], e["type"], e["message"]) for e in items
             if e["involvedObject"]["kind"] == "VolumeMove"]  # fmt: skip
 

@@ -25,6 +25,8 @@ PULL_FAILED = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
                          "ErrImageNeverPull", "RegistryUnavailable"})  # fmt: skip
 AFTER_PULL = frozenset({"CreateContainerError", "CreateContainerConfigError",
                         "RunContainerError", "StartError", "CrashLoopBackOff"})  # fmt: skip
+RESTRICTED_CONTAINER: Obj = {"allowPrivilegeEscalation": False,
+                             "capabilities": {"drop": ["ALL"]}}  # fmt: skip
 COMPONENT_LABEL = "app.kubernetes.io/component"
 COMPONENT = "topolvm-prepull"
 
@@ -63,7 +65,7 @@ def prepull_pod(
     containers = []
     for i, (image, policy) in enumerate(images(workload)):
         c: Obj = {"name": f"pull-{i}", "image": image, "command": [NEVER_RUNS],
-                  "resources": {}}  # fmt: skip
+                  "resources": {}, "securityContext": RESTRICTED_CONTAINER}  # fmt: skip
         if policy:
             c["imagePullPolicy"] = policy
         containers.append(c)
@@ -75,6 +77,9 @@ def prepull_pod(
             "nodeName": target_node, "restartPolicy": "Never", "containers": containers,
             "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 0,
             "enableServiceLinks": False,
+            # what the Pod Security Standards' "restricted" level asks (it never runs anyway)
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 65534,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
             "tolerations": [{"operator": "Exists"}],  # a cordoned or tainted target still pulls
         },
     }  # fmt: skip
