@@ -34,7 +34,7 @@ WRITER = (
 
 def writer_set(
     name: str, sc: str, group: str, size: str = "1Gi", replicas: int = 1, logs_sc: str = "",
-    logs_size: str = "512Mi",
+    logs_size: str = "512Mi", image: str = "",
 ) -> dict[str, Any]:  # fmt: skip
     """A one-replica StatefulSet (claim ``data-<name>-0``) whose pod writes without pause, on
     a node of ``group``; with ``logs_sc`` its pods mount a second claim (``logs-<name>-0``,
@@ -65,7 +65,8 @@ def writer_set(
                     "terminationGracePeriodSeconds": 10, "automountServiceAccountToken": False,
                     "nodeSelector": {GROUP_LABEL: group},
                     "containers": [{
-                        "name": "writer", "image": busybox(), "command": ["sh", "-c", WRITER],
+                        "name": "writer", "image": image or busybox(),
+                        "command": ["sh", "-c", WRITER],
                         "volumeMounts": mounts,
                     }],
                 },

@@ -1,26 +1,32 @@
 """A move's writer for the cluster tests: a StatefulSet pod on a thin claim (and a thick
 one) writing numbered lines and blobs, the move webhook on; what a moved pod must still have;
-and the small waits the move tests share (a transfer port refused, a node Ready again)."""
+an image no node has yet (a registry); and the small waits the move tests share (a transfer
+port refused, a node Ready again)."""
 
 from __future__ import annotations
 
 import contextlib
 import subprocess
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node, Pod
 
+from devtools import nodeimages
+from devtools.testbed.controlplane import ADVERTISE
 from devtools.testbed.process import HarnessError
+from devtools.testbed.registry import Registry, trust
 from devtools.testbed.umlnode import UmlNode
 from tests.cluster_fixtures import unique
 from tests.helpers import eventually
 from tests.move_helpers import check_log, delete_move, lvs_accounted, move_webhook, writer_set
-from tests.provisioning import NS, Scenario
+from tests.provisioning import NS, Scenario, events_for
 from topolvm.k8s import api
 from topolvm.k8s.moveobject import VolumeMoveObject
+from topolvm.move.prepull import ImagesPulled
 
 
 @contextlib.contextmanager
@@ -83,14 +89,14 @@ class Writer:
 
 
 @contextlib.asynccontextmanager
-async def writer(s: Scenario, logs: bool = False) -> AsyncIterator[Writer]:
+async def writer(s: Scenario, logs: bool = False, image: str = "") -> AsyncIterator[Writer]:
     """A writing StatefulSet on a thin claim (and a thick one, with ``logs``), with the move
-    webhook; all removed after."""
+    webhook, its pod's image ``image`` (else the nodes' busybox); all removed after."""
     thin = s.sc(device_class="thin", fs_type="xfs")
     w = Writer(s, unique("mv"), logs)
     s.claims.extend(c for c in (w.claim, w.logs) if c)
     async with move_webhook(s.cp, s.client):
-        s.cp.apply(writer_set(w.name, thin, s.group, logs_sc=s.sc() if logs else ""))
+        s.cp.apply(writer_set(w.name, thin, s.group, logs_sc=s.sc() if logs else "", image=image))
         try:
             await w.start()
             yield w
@@ -131,3 +137,31 @@ async def node_ready(s: Scenario, name: str) -> bool:
     node = await api.get(s.client, Node, name)
     conditions = ((node or {}).get("status") or {}).get("conditions") or []
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+@contextlib.asynccontextmanager
+async def fresh_image(s: Scenario) -> AsyncIterator[tuple[Registry, str]]:
+    """A registry in the test's network namespace that the nodes trust, and a fresh tag of
+    busybox there: an image no node has yet."""
+    registry = await Registry(nodeimages.busybox().archive).start(ADVERTISE)
+    try:
+        for n in s.nodes:
+            trust(n, registry.address)
+        yield registry, registry.reference("moved/busybox", unique("t"))
+    finally:
+        await registry.stop()
+
+
+async def pulled_before_the_stop(
+    s: Scenario, registry: Registry, image: str, vm: VolumeMoveObject
+) -> None:
+    """The move's target node asked the registry for ``image`` only before the pod stopped
+    (the pod's start there found it), and the move says it pulled it (condition, Event)."""
+    target = next(n for n in s.nodes if n.name == vm.status.target_node)
+    asked = [p.at for p in registry.pulls if p.peer == target.address]
+    stopped = datetime.strptime(vm.status.stop_time, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    assert asked and max(asked) < stopped.timestamp() + 1, (asked, vm.status.stop_time)
+    pulled = vm.status.condition(ImagesPulled.TYPE)
+    assert pulled is not None and pulled.status == "True" and image in pulled.message, pulled
+    told = [e.split(":")[0] for e in await events_for(s.client, "VolumeMove", vm.name)]
+    assert "ImagesPulled" in told, told

@@ -36,7 +36,16 @@ from tests.move_helpers import (
     start_move,
     writer_set,
 )
-from tests.move_writer_helpers import answers, lines_on, move_of, node_ready, refused, writer
+from tests.move_writer_helpers import (
+    answers,
+    fresh_image,
+    lines_on,
+    move_of,
+    node_ready,
+    pulled_before_the_stop,
+    refused,
+    writer,
+)
 from tests.provisioning import NS, GiB, Scenario, claim, events_for, pod, pvc, shared_nodes
 from tests.transfer_helpers import (
     MiB,
@@ -283,8 +292,9 @@ async def test_a_pods_two_claims_move_together_losing_no_write(abc: Scenario) ->
     both move, to one node. The pod writes a numbered, synced log without pause through the
     pre-copy; on the target the log holds every line written up to the pod's stop (its last
     line "stop N" too), the files written before the move are intact on both claims, and the
-    old volumes are gone."""
-    async with writer(abc, logs=True) as w:
+    old volumes are gone. Its image, a fresh tag in a registry, is not on the target node: it is
+    pulled there during the pre-copy, before the pod stops (docs/mobility.md)."""
+    async with fresh_image(abc) as (registry, image), writer(abc, logs=True, image=image) as w:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "topolvm", "move", "-n", NS, f"pvc/{w.claim}",
             f"--to={w.target}", f"--kubeconfig={abc.cp.kubeconfig}", "--timeout=10m",
@@ -307,6 +317,7 @@ async def test_a_pods_two_claims_move_together_losing_no_write(abc: Scenario) ->
         said = await events_for(abc.client, "PersistentVolumeClaim", w.logs)
         assert any("thick, its changed chunks" in e for e in said), said
         assert vm.status.downtime_seconds > 0
+        await pulled_before_the_stop(abc, registry, image, vm)
 
 
 async def test_a_move_survives_crashes_at_every_step(abc: Scenario, driver: DriverStack) -> None:

@@ -40,6 +40,8 @@ CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
 KUBELET_DIR = "/var/lib/kubelet"
 KUBELET_PORT = 10250
 RUN = "/run/node"  # the node's configuration, in the guest's own tmpfs
+# containerd's registry hosts (``<host:port>/hosts.toml``): empty unless a test serves a registry
+REGISTRY_HOSTS = f"{RUN}/registries"
 POD_NETWORK = "10.200.0.0/16"
 DAEMONS = ("containerd", "kubelet", "kube-proxy")  # in start order
 
@@ -66,6 +68,8 @@ state = "/run/containerd"
   snapshotter = "overlayfs"
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = "{PAUSE}"
+  [plugins."io.containerd.cri.v1.images".registry]
+    config_path = "{REGISTRY_HOSTS}"
 
 [plugins."io.containerd.cri.v1.runtime"]
   enable_selinux = false
