@@ -145,3 +145,40 @@ async def test_a_rollback_removes_the_pre_pull_pod(
     await r.reconcile(KEY)
     assert (await _move(r, "data-web-0")).status.phase == MovePhase.ROLLED_BACK
     assert _puller(emu, vm) is None
+
+
+async def test_a_pod_of_that_name_the_move_did_not_make_is_not_trusted(
+    emu: KubeEmulator, reconciler: MoveReconciler
+) -> None:
+    """Someone made a pod under the pre-pull pod's name (the move's UID is no secret): its
+    status says nothing of the target, so the pull counts as skipped, and it is not deleted."""
+    r = reconciler
+    seed(emu)
+    await api.create(r.client, MOVES.from_dict(manifest("topolvm.io", NS, "data-web-0", "n2")))
+    await r.reconcile(KEY)
+    vm = await _move(r, "data-web-0")
+    fake = prepull.prepull_pod({"metadata": {"namespace": NS}, "spec": {"containers": [
+        {"image": "x"}]}}, "n1", prepull.pod_name(vm.uid), {})  # fmt: skip
+    emu.create(fake)
+    await r.reconcile(KEY)
+    vm = await _move(r, "data-web-0")
+    pulled = vm.status.condition(IP.TYPE)
+    assert pulled is not None and pulled.reason == IP.SKIPPED and "did not make" in pulled.message
+    await r.reconcile(KEY)
+    assert _puller(emu, vm) is not None  # not ours to delete
+
+
+async def test_a_move_to_a_node_its_pod_may_not_run_on_is_refused(
+    emu: KubeEmulator, reconciler: MoveReconciler
+) -> None:
+    r = reconciler
+    seed(emu)
+    n2 = emu.get("nodes", "n2")
+    assert n2 is not None
+    n2["spec"]["taints"] = [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]
+    emu.create(n2)
+    await api.create(r.client, MOVES.from_dict(manifest("topolvm.io", NS, "data-web-0", "n2")))
+    await r.reconcile(KEY)
+    vm = await _move(r, "data-web-0")
+    assert (vm.status.phase, vm.status.reason) == (MovePhase.REFUSED, "PodNotAllowed")
+    assert "taint dedicated=gpu:NoSchedule" in vm.status.message

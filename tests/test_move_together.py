@@ -157,10 +157,12 @@ async def test_the_pod_stops_only_once_every_pre_copy_is_done(
     assert emu.get("pods", "web-0", NS) is not None  # the pod runs on
     logs = await _move(r, "logs-web-0")
     await _set_copy_done(r, logs.status.target_volume)
+    await r.reconcile(f"{NS}/data-web-0")  # logs' image pre-pull is not recorded yet
+    assert (await _move(r, "data-web-0")).status.phase == MovePhase.PRE_COPY
+    await r.reconcile(f"{NS}/logs-web-0")  # its pull over, its companion's too: it stops
+    assert (await _move(r, "logs-web-0")).status.phase == MovePhase.STOPPING
     await r.reconcile(f"{NS}/data-web-0")
     assert (await _move(r, "data-web-0")).status.phase == MovePhase.STOPPING
-    await r.reconcile(f"{NS}/logs-web-0")
-    assert (await _move(r, "logs-web-0")).status.phase == MovePhase.STOPPING
 
 
 async def test_one_claims_failure_rolls_the_others_back(

@@ -41,6 +41,7 @@ from topolvm.k8s import api
 from topolvm.k8s.lvstore import LogicalVolumeStore
 from topolvm.k8s.moveobject import MovePhase, MoveStatus, VolumeMoveObject
 from topolvm.move import verdict
+from topolvm.move.prepull import ImagesPulled
 from topolvm.move.rules import Refused
 
 log = logging.getLogger(__name__)
@@ -236,7 +237,10 @@ class Group:
                 continue
             if at == phase and phase in (MovePhase.PRE_COPY, MovePhase.FINAL_COPY):
                 lv = await store.get(other.made_name, fresh=True)
-                if lv is not None and lv.copy_done:
+                # a pre-copy is over once its copy is done and its image pre-pull too
+                pulling = phase == MovePhase.PRE_COPY and (
+                    other.status.condition(ImagesPulled.TYPE) is None)  # fmt: skip
+                if lv is not None and lv.copy_done and not pulling:
                     continue
             return f"{what} done; waiting for claim {claim}'s (phase {at})"
         return ""

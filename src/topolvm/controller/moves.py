@@ -240,6 +240,7 @@ class MoveReconciler:
             await self.ends.rollback(vm)
         if again:
             self.sweep.soon(vm.namespace)
+        await self.prepull.remove(vm)  # one a pass on an old read made again
         status, wait = await self.verify.after(vm)
         if status is not None:
             vm = await self._write(vm, status)

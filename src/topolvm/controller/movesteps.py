@@ -91,6 +91,7 @@ class Steps:
         target = rules.target_node(
             source.node_name, size, reads.free_bytes(nodes, self.names, source.device_class),
             reads.schedulable_nodes(nodes), vm.target_node, source.device_class,
+            reads.unfit_nodes(nodes, [pod]),
         )  # fmt: skip
         if why := fence.claim_volume(pv, ns, vm.claim, str(pvc["metadata"].get("uid") or ""),
                                      self.names.plugin):  # fmt: skip

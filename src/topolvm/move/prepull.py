@@ -6,8 +6,12 @@ The pull is done the way any container runtime does it: by the target's kubelet,
 short-lived pod pinned to the target (``spec.nodeName``, so no scheduler and no capacity
 check), in the workload's namespace with its ServiceAccount and ``imagePullSecrets`` (the
 credentials the workload itself pulls with), one container per image, each with the pull policy
-the workload gives it. The containers are not meant to run: each runs a command that cannot
-exist, so the kubelet pulls the image, then fails to start it (or starts nothing). What the
+the workload gives it. It carries the workload's tolerations, node selector, required node
+affinity and runtime class, nothing more: it is made only on a node where the workload itself
+may run (:mod:`.fits`), and pulls for the runtime the workload uses. The containers are not
+meant to run: each runs a command that cannot exist, as a non-root user with no privileges, a
+read-only root, tiny limits and a deadline, so the kubelet pulls the image, then fails to start
+it (or starts nothing). What the
 kubelet reports decides: a container status with an ``imageID`` is pulled; ``ErrImagePull`` /
 ``ImagePullBackOff`` is a pull that fails (the move goes on: the pod's own start pulls, or
 fails, as it would have).
@@ -22,11 +26,14 @@ from typing import Any
 Obj = dict[str, Any]
 NEVER_RUNS = "/.topolvm-prepull-does-not-run"
 PULL_FAILED = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
-                         "ErrImageNeverPull", "RegistryUnavailable"})  # fmt: skip
+                         "ErrImageNeverPull", "RegistryUnavailable", "ImageInspectError",
+                         "SignatureValidationFailed"})  # fmt: skip
+DEADLINE = 900  # seconds the pod may live (its activeDeadlineSeconds), whatever the controller
 AFTER_PULL = frozenset({"CreateContainerError", "CreateContainerConfigError",
                         "RunContainerError", "StartError", "CrashLoopBackOff"})  # fmt: skip
-RESTRICTED_CONTAINER: Obj = {"allowPrivilegeEscalation": False,
+RESTRICTED_CONTAINER: Obj = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                              "capabilities": {"drop": ["ALL"]}}  # fmt: skip
+LIMITS = {"cpu": "10m", "memory": "16Mi"}
 COMPONENT_LABEL = "app.kubernetes.io/component"
 COMPONENT = "topolvm-prepull"
 
@@ -65,7 +72,8 @@ def prepull_pod(
     containers = []
     for i, (image, policy) in enumerate(images(workload)):
         c: Obj = {"name": f"pull-{i}", "image": image, "command": [NEVER_RUNS],
-                  "resources": {}, "securityContext": RESTRICTED_CONTAINER}  # fmt: skip
+                  "resources": {"requests": LIMITS, "limits": LIMITS},
+                  "securityContext": RESTRICTED_CONTAINER}  # fmt: skip
         if policy:
             c["imagePullPolicy"] = policy
         containers.append(c)
@@ -76,17 +84,22 @@ def prepull_pod(
         "spec": {
             "nodeName": target_node, "restartPolicy": "Never", "containers": containers,
             "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 0,
-            "enableServiceLinks": False,
-            # what the Pod Security Standards' "restricted" level asks (it never runs anyway)
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 65534,
+            "enableServiceLinks": False, "activeDeadlineSeconds": DEADLINE,
+            # what the Pod Security Standards' "restricted" level asks (it never runs anyway;
+            # an image whose user is root is refused a start, after its pull)
+            "securityContext": {"runAsNonRoot": True,
                                 "seccompProfile": {"type": "RuntimeDefault"}},
-            "tolerations": [{"operator": "Exists"}],  # a cordoned or tainted target still pulls
         },
     }  # fmt: skip
-    if spec.get("serviceAccountName"):
-        body["spec"]["serviceAccountName"] = spec["serviceAccountName"]
-    if spec.get("imagePullSecrets"):
-        body["spec"]["imagePullSecrets"] = spec["imagePullSecrets"]
+    for key in ("serviceAccountName", "imagePullSecrets", "tolerations", "nodeSelector",
+                "runtimeClassName"):  # fmt: skip
+        if spec.get(key):
+            body["spec"][key] = spec[key]
+    node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if required:
+        body["spec"]["affinity"] = {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": required}}  # fmt: skip
     return body
 
 

@@ -13,6 +13,7 @@ from lightkube.generic_resource import create_global_resource, create_namespaced
 from topolvm.capacity_annotations import parse_node_value
 from topolvm.constants import Names
 from topolvm.k8s import api
+from topolvm.move import fits
 from topolvm.move.rules import Obj, claims_of, uses_claim
 
 PVC = create_namespaced_resource("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims")
@@ -89,6 +90,18 @@ def free_bytes(nodes: Iterable[Obj], names: Names, device_class: str) -> dict[st
 def is_ready(node: Obj) -> bool:
     conditions = (node.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def unfit_nodes(nodes: Iterable[Obj], pods: Iterable[Obj]) -> dict[str, str]:
+    """The nodes one of ``pods`` may not run on (taints, node selector, required node
+    affinity: :mod:`topolvm.move.fits`), and why."""
+    out: dict[str, str] = {}
+    pods = list(pods)
+    for n in nodes:
+        why = next((w for p in pods if (w := fits.refusal(p, n))), "")
+        if why:
+            out[str((n.get("metadata") or {}).get("name"))] = why
+    return out
 
 
 def schedulable_nodes(nodes: Iterable[Obj]) -> frozenset[str]:

@@ -165,17 +165,22 @@ def workload(
 
 def target_node(
     source: str, size: int, free: Mapping[str, int], schedulable: Iterable[str],
-    requested: str = "", device_class: str = "",
+    requested: str = "", device_class: str = "", unfit: Mapping[str, str] | None = None,
 ) -> str:  # fmt: skip
     """``requested`` if it can take the volume; else the schedulable node (not the source)
-    with the most free bytes in the device class. ``free``: TopoLVM nodes' free bytes."""
+    with the most free bytes in the device class. ``free``: TopoLVM nodes' free bytes;
+    ``unfit``: nodes the pod may not run on, and why (:mod:`.fits`)."""
     dc = device_class or "the default device class"
-    ok = set(schedulable)
+    unfit = unfit or {}
+    ok = set(schedulable) - set(unfit)
     if requested:
         if requested == source:
             raise Refused("SameNode", f"the claim is on node {requested} already")
         if requested not in free:
             raise Refused("UnknownNode", f"node {requested} runs no TopoLVM node for {dc}")
+        if requested in unfit:
+            raise Refused("PodNotAllowed", f"the pod cannot run on node {requested}: "
+                                           f"{unfit[requested]}")  # fmt: skip
         if requested not in ok:
             raise Refused("Unschedulable", f"node {requested} is cordoned or not ready")
         if free[requested] < size:
@@ -189,8 +194,9 @@ def target_node(
         others = [b for n, b in free.items() if n != source and n in ok]
         if not others:
             raise Refused(
-                "NoRoom", f"no other schedulable (uncordoned, Ready) node runs TopoLVM for {dc}"
-            )
+                "NoRoom", f"no other schedulable node (uncordoned, Ready, one the pod may run "
+                f"on) runs TopoLVM for {dc}"
+            )  # fmt: skip
         most, needs = apart(max(others), size)
         raise Refused(
             "NoRoom", f"no other schedulable node has {needs} free in {dc} (the most is {most})"
@@ -200,16 +206,16 @@ def target_node(
 
 def group_target(
     source: str, needs: Mapping[str, int], free: Mapping[str, Mapping[str, int]],
-    schedulable: Iterable[str], requested: str = "",
+    schedulable: Iterable[str], requested: str = "", unfit: Mapping[str, str] | None = None,
 ) -> str:  # fmt: skip
     """The target of claims that move together: ``needs`` is device class → bytes they take
     there, ``free`` device class → node → free bytes. ``requested`` if it has room in every
     class; else the schedulable node (not the source) with room in all of them and the most
     free bytes. One claim: the same as :func:`target_node`."""
-    ok = frozenset(schedulable)
+    ok = frozenset(schedulable) - set(unfit or {})
     fits: set[str] | None = None
     for dc, size in sorted(needs.items()):
-        chosen = target_node(source, size, free.get(dc, {}), ok, requested, dc)
+        chosen = target_node(source, size, free.get(dc, {}), ok, requested, dc, unfit)
         room = {chosen} if requested else {
             n for n, b in free.get(dc, {}).items() if n != source and n in ok and b >= size
         }  # fmt: skip

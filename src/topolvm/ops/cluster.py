@@ -110,7 +110,7 @@ async def claim_facts(
         device_class=dc, free=reads.free_bytes(common.nodes, names, dc),
         schedulable=reads.schedulable_nodes(common.nodes),
         lv=lv, rates=copy_rates(common.lvs),
-        existing=existing, local_claims=local,
+        existing=existing, local_claims=local, unfit=reads.unfit_nodes(common.nodes, users),
     )  # fmt: skip
 
 

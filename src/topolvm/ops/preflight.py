@@ -35,6 +35,8 @@ class Facts:
     existing: VolumeMoveObject | None = None  # the VolumeMove named after the claim
     # the other claims of the pods that use this one, whose volumes are node-local (TopoLVM)
     local_claims: Mapping[str, str] = field(default_factory=dict)
+    # nodes the claim's pods may not run on (taints, selectors: topolvm.move.fits), and why
+    unfit: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -165,7 +167,7 @@ def preflight_together(group: Sequence[Facts], names: Names, requested: str = ""
     for facts, size in zip(group, sizes, strict=True):
         needs[facts.device_class] = needs.get(facts.device_class, 0) + size
         free[facts.device_class] = facts.free
-    target = rules.group_target(source, needs, free, first.schedulable, requested)
+    target = rules.group_target(source, needs, free, first.schedulable, requested, first.unfit)
     labels = {}
     for pod in first.pods:
         if (pod.get("metadata") or {}).get("name") == work.pod:
