@@ -7,6 +7,7 @@ refused. The cluster side is in tests/test_cluster_restore_local.py."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import jsonpatch
@@ -14,6 +15,7 @@ import pytest
 
 from tests.podmutate_helpers import Obj, Reader, claim, pod, pvc
 from topolvm.constants import NORMAL
+from topolvm.controller import podmutate
 from topolvm.controller.copies import PlacementError, placement
 from topolvm.controller.podmutate import decide
 from topolvm.controller.restoreplace import (
@@ -38,18 +40,24 @@ def _reader() -> Reader:
     pv-origin (volume handle origin-lv on n1); app/restored from the snapshot, app/cloned from
     app/origin."""
     r = Reader({
-        "app/origin": {"spec": {"storageClassName": "ssd", "volumeName": "pv-origin"},
+        "app/origin": {"metadata": {"uid": "u-origin"},
+                       "spec": {"storageClassName": "ssd", "volumeName": "pv-origin"},
                        "status": {"phase": "Bound"}},
         "app/restored": _restored({**SNAP, "name": "snap-1"}),
         "app/cloned": _restored({"kind": "PersistentVolumeClaim", "name": "origin"}),
     })  # fmt: skip
-    r.pvs["pv-origin"] = {"spec": {"csi": {"driver": "topolvm.io", "volumeHandle": "origin-lv"}}}
+    r.pvs["pv-origin"] = {"spec": {
+        "csi": {"driver": "topolvm.io", "volumeHandle": "origin-lv"},
+        "claimRef": {"namespace": "app", "name": "origin", "uid": "u-origin"}}}  # fmt: skip
     r.snapshots["app/snap-1"] = {
+        "metadata": {"uid": "u-snap"},
         "spec": {"volumeSnapshotClassName": "snaps"},
-        "status": {"boundVolumeSnapshotContentName": "content-1"},
+        "status": {"boundVolumeSnapshotContentName": "content-1", "readyToUse": True},
     }
-    r.contents["content-1"] = {"spec": {"driver": "topolvm.io"},
-                               "status": {"snapshotHandle": "snap-lv"}}  # fmt: skip
+    r.contents["content-1"] = {
+        "spec": {"driver": "topolvm.io",
+                 "volumeSnapshotRef": {"namespace": "app", "name": "snap-1", "uid": "u-snap"}},
+        "status": {"snapshotHandle": "snap-lv"}}  # fmt: skip
     r.snapshot_classes["snaps"] = {"driver": "topolvm.io", "parameters": {}}
     r.volume_nodes.update({"origin-lv": "n1", "snap-lv": "n2"})
     return r
@@ -119,6 +127,23 @@ async def test_a_source_not_ready_or_of_another_driver_adds_nothing() -> None:
     assert _preferred(out) == []
 
 
+async def test_a_source_that_does_not_point_back_reveals_no_node() -> None:
+    """A user can write a claim's ``volumeName`` (a PV of someone else's) or, where allowed, a
+    snapshot's status; the PV's ``claimRef`` and the content's ``volumeSnapshotRef`` are not
+    theirs to write: a source they do not point back to gives no preference, so no node of a
+    volume that is not the claim's source shows in the pod."""
+    r = _reader()
+    r.pvs["pv-origin"]["spec"]["claimRef"] = {"namespace": "other", "name": "db", "uid": "u-x"}
+    r.contents["content-1"]["spec"]["volumeSnapshotRef"]["uid"] = "u-other-snap"
+    out, d = await _decided(r, "restored", "cloned")
+    assert _preferred(out) == [] and "prefers" not in d.message
+    r = _reader()
+    r.snapshots["app/snap-1"]["status"]["readyToUse"] = False
+    r.pvcs["app/origin"]["status"]["phase"] = "Pending"
+    out, _ = await _decided(r, "restored", "cloned")
+    assert _preferred(out) == []
+
+
 async def test_a_bound_claim_leaves_the_pod_alone() -> None:
     r = _reader()
     r.pvcs["app/restored"]["status"]["phase"] = "Bound"  # the volume exists: no mutation at all
@@ -171,3 +196,22 @@ def test_a_bad_value_in_a_snapshot_class_fails_the_snapshot_with_its_reason() ->
     with pytest.raises(PlacementError, match=r"VolumeSnapshotClass parameters: .* got 'near'"):
         placement({"topolvm.io/restore-placement": "near"}, NORMAL)
     assert not placement({"topolvm.io/restore-placement": "anywhere"}, NORMAL).off_node
+
+
+async def test_a_slow_source_is_given_up_in_time_and_the_pod_goes_unpreferred(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The API server answers slowly: every lookup of the pod stops within the one budget (the
+    webhook's own timeout is never reached), the pod is admitted with a warning."""
+    monkeypatch.setattr(podmutate, "SOURCE_LOOKUP_SECONDS", 0.2)
+    r = _reader()
+
+    async def slow(namespace: str, name: str) -> Obj | None:
+        await asyncio.sleep(30)
+        return None
+
+    r.get_volumesnapshot = slow  # type: ignore[method-assign]
+    out, d = await _decided(r, "restored", "cloned")  # a lookup not given up would say nothing
+    assert _preferred(out) == ["n1"]
+    assert any("app/restored: its source's node is not known (not found within" in w
+               for w in d.warnings)  # fmt: skip

@@ -55,7 +55,7 @@ class PodReader(Sources, Protocol):
 
 
 HOLDING_PHASES = frozenset({MovePhase.STOPPING, MovePhase.FINAL_COPY, MovePhase.SWAPPING})
-SOURCE_LOOKUP_SECONDS = 3.0  # a restore's source node, sought at most this long per claim
+SOURCE_LOOKUP_SECONDS = 3.0  # restores' source nodes, sought at most this long in all
 
 
 @dataclass(frozen=True)
@@ -217,27 +217,43 @@ async def requested_capacity(
 async def source_nodes(walk: _Walk, reader: PodReader) -> tuple[list[str], list[str]]:
     """The nodes the pod's restored or cloned claims come from (where their restore is
     local), and warnings for the claims whose source could not be sought: a courtesy that is
-    skipped, never a refusal."""
-    nodes: list[str] = []
+    skipped, never a refusal. The claims are sought at once, all within
+    :data:`SOURCE_LOOKUP_SECONDS`, well inside the webhook's timeout."""
     warnings: list[str] = []
+    todo: dict[str, Obj] = {}
     for claim_name, pvc, sc in walk.pending:
         where = f"PersistentVolumeClaim {walk.namespace}/{claim_name}"
+        sc_name = _map(sc.get("metadata")).get("name")
         try:
-            sc_name = _map(sc.get("metadata")).get("name")
-            if not prefers_source(sc.get("parameters"), walk.names, f"StorageClass {sc_name}"):
+            if claim_name in todo or not prefers_source(
+                sc.get("parameters"), walk.names, f"StorageClass {sc_name}"
+            ):
                 continue
-            placed = {**pvc, "metadata": {**_map(pvc.get("metadata")), "namespace": walk.namespace}}
-            node = await asyncio.wait_for(source_node(placed, reader, walk.names),
-                                          SOURCE_LOOKUP_SECONDS)  # fmt: skip
         except PlacementValueError as e:
             warnings.append(f"{where}: {e}; kube-scheduler places it without that preference")
             continue
-        except Exception as e:  # any read failure: the pod goes without the preference
-            warnings.append(f"{where}: its source's node is not known ({type(e).__name__}: {e}); "
-                            "kube-scheduler places it without that preference")  # fmt: skip
+        todo[claim_name] = {**pvc, "metadata": {**_map(pvc.get("metadata")),
+                                                "namespace": walk.namespace}}  # fmt: skip
+    tasks = {name: asyncio.ensure_future(source_node(pvc, reader, walk.names))
+             for name, pvc in todo.items()}  # fmt: skip
+    if not tasks:
+        return [], warnings
+    _, late = await asyncio.wait(tasks.values(), timeout=SOURCE_LOOKUP_SECONDS)
+    for task in late:
+        task.cancel()
+    nodes: list[str] = []
+    for name, task in tasks.items():
+        where = f"PersistentVolumeClaim {walk.namespace}/{name}"
+        if task in late:
+            error = f"not found within {SOURCE_LOOKUP_SECONDS:.0f} s"
+        elif (failure := task.exception()) is not None:
+            error = f"{type(failure).__name__}: {failure}"
+        else:
+            if node := task.result():
+                nodes.append(node)
             continue
-        if node:
-            nodes.append(node)
+        warnings.append(f"{where}: its source's node is not known ({error}); kube-scheduler "
+                        "places it without that preference")  # fmt: skip
     return nodes, warnings
 
 
@@ -329,7 +345,7 @@ async def decide(
         changed = mutated_pod(pod, requested, names, marker=marker)
         summary = ", ".join(f"{key}={size}" for key, size in sorted(requested.items()))
         said.append(f"requested capacity: {summary}")
-    if nodes and changed is not (preferred := preferring(changed, nodes)):
+    if nodes and changed != (preferred := preferring(changed, nodes)):
         changed = preferred
         said.append(f"prefers {', '.join(dict.fromkeys(nodes))}, where its restore is local")
     if moving is not None:

@@ -104,44 +104,69 @@ def data_source(pvc: Obj) -> tuple[str, str] | None:
     return None
 
 
+def _refers_to(ref: Any, namespace: str, name: str, uid: str) -> bool:
+    """A back-reference (a PV's ``claimRef``, a content's ``volumeSnapshotRef``) names the
+    object read: a user can write the forward one (a claim's ``volumeName``), never this."""
+    r = _map(ref)
+    return (r.get("namespace"), r.get("name"), r.get("uid")) == (namespace, name, uid) and bool(uid)
+
+
+async def _clone_source(namespace: str, name: str, sources: Sources, names: Names) -> Any:
+    claim = _map(await sources.get_pvc(namespace, name))
+    meta, spec = _map(claim.get("metadata")), _map(claim.get("spec"))
+    volume = spec.get("volumeName")
+    if _map(claim.get("status")).get("phase") != "Bound" or not isinstance(volume, str):
+        return None
+    pv = _map(_map(await sources.get_pv(volume)).get("spec"))
+    if not _refers_to(pv.get("claimRef"), namespace, name, str(meta.get("uid") or "")):
+        return None  # a claim that names a volume bound to another one
+    handle = _map(pv.get("csi"))
+    return handle.get("volumeHandle") if handle.get("driver") == names.plugin else None
+
+
+async def _snapshot_source(namespace: str, name: str, sources: Sources, names: Names) -> Any:
+    snapshot = _map(await sources.get_volumesnapshot(namespace, name))
+    status = _map(snapshot.get("status"))
+    if status.get("readyToUse") is not True:
+        return None
+    class_name = _map(snapshot.get("spec")).get("volumeSnapshotClassName")
+    if isinstance(class_name, str) and class_name:
+        vsclass = await sources.get_volumesnapshotclass(class_name)
+        if vsclass is not None and vsclass.get("driver") != names.plugin:
+            return None
+        what = f"VolumeSnapshotClass {class_name}"
+        if vsclass is not None and not prefers_source(vsclass.get("parameters"), names, what):
+            return None
+    content_name = status.get("boundVolumeSnapshotContentName")
+    if not isinstance(content_name, str) or not content_name:
+        return None
+    content = _map(await sources.get_volumesnapshotcontent(content_name))
+    spec = _map(content.get("spec"))
+    uid = str(_map(snapshot.get("metadata")).get("uid") or "")
+    if spec.get("driver") != names.plugin or not _refers_to(
+        spec.get("volumeSnapshotRef"), namespace, name, uid
+    ):
+        return None  # a content of another driver, or bound to another snapshot
+    return _map(content.get("status")).get("snapshotHandle") or _map(spec.get("source")).get(
+        "snapshotHandle"
+    )
+
+
 async def source_node(pvc: Obj, sources: Sources, names: Names) -> str | None:
     """The node a Pending claim's data source is on, when a restore or clone there is
     preferred; None when it has no such source, the snapshot's class turns the preference off,
-    or the source is not there yet. Read failures and bad parameters raise."""
+    or the source is not ready (or not the one it names: back-references are checked, so no
+    claim learns the node of a volume that is not its source's). Read failures and bad
+    parameters raise."""
     found = data_source(pvc)
     if found is None:
         return None
     kind, name = found
     namespace = str(_map(pvc.get("metadata")).get("namespace") or "")
     if kind == "PersistentVolumeClaim":
-        claim = await sources.get_pvc(namespace, name)
-        volume = _map(_map(claim).get("spec")).get("volumeName")
-        pv = await sources.get_pv(volume) if isinstance(volume, str) and volume else None
-        handle = _map(_map(_map(pv).get("spec")).get("csi"))
-        if handle.get("driver") != names.plugin:
-            return None
-        volume_id = handle.get("volumeHandle")
+        volume_id = await _clone_source(namespace, name, sources, names)
     else:
-        snapshot = await sources.get_volumesnapshot(namespace, name)
-        if snapshot is None:
-            return None
-        class_name = _map(snapshot.get("spec")).get("volumeSnapshotClassName")
-        if isinstance(class_name, str) and class_name:
-            vsclass = await sources.get_volumesnapshotclass(class_name)
-            if vsclass is not None and vsclass.get("driver") != names.plugin:
-                return None
-            what = f"VolumeSnapshotClass {class_name}"
-            if vsclass is not None and not prefers_source(vsclass.get("parameters"), names, what):
-                return None
-        content_name = _map(snapshot.get("status")).get("boundVolumeSnapshotContentName")
-        if not isinstance(content_name, str) or not content_name:
-            return None
-        content = _map(await sources.get_volumesnapshotcontent(content_name))
-        if _map(content.get("spec")).get("driver") != names.plugin:
-            return None
-        volume_id = _map(content.get("status")).get("snapshotHandle") or _map(
-            _map(content.get("spec")).get("source")
-        ).get("snapshotHandle")
+        volume_id = await _snapshot_source(namespace, name, sources, names)
     if not isinstance(volume_id, str) or not volume_id:
         return None
     return await sources.node_of_volume(volume_id)

@@ -90,9 +90,8 @@ class ApiPodReader:
         return await api.get(self.client, api.VolumeSnapshotClass, name)
 
     async def node_of_volume(self, volume_id: str) -> str | None:
-        if self.store is not None:
-            lv = await self.store.find_by_volume_id(volume_id)
-            return None if lv is None else lv.node_name
+        if self.store is not None:  # the cache only: an admission never lists every volume
+            return self.store.cached_node_of(volume_id)
         items, _ = await api.list_all(self.client, api.logicalvolume_resource(self.names))
         for obj in items:
             if (obj.get("status") or {}).get("volumeID") == volume_id:

@@ -169,6 +169,16 @@ class LogicalVolumeStore:
             raise AmbiguousVolumeId(f"volume id {volume_id} is claimed by {found}")
         return LogicalVolumeObject.from_dict(objs[0]) if objs else None
 
+    def cached_node_of(self, volume_id: str) -> str | None:
+        """The node of the one LogicalVolume whose ``status.volumeID`` is ``volume_id``, from the
+        cache only (None when it is not there, or not yet synced): for reads that must stay
+        cheap, such as an admission webhook's."""
+        objs = [o for o in (self.informer.get(n) for n in self._by_volume_id.get(volume_id, ()))
+                if o is not None]  # fmt: skip
+        if len(objs) != 1:
+            return None
+        return str((objs[0].get("spec") or {}).get("nodeName") or "") or None
+
     async def device_class_of(self, volume_id: str) -> str | None:
         lv = await self.find_by_volume_id(volume_id)
         return None if lv is None else lv.device_class
