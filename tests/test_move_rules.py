@@ -212,7 +212,8 @@ def test_apart(have: int, need: int, shown: tuple[str, str]) -> None:
 def test_no_room_when_no_other_node_is_schedulable() -> None:
     e = refused(rules.target_node, "n1", GIB, FREE, {"n1"})
     assert e.reason == "NoRoom"
-    assert "no other schedulable (uncordoned, Ready) node runs TopoLVM" in e.message
+    assert "no other schedulable node (uncordoned, Ready, one the pod may run on) runs " \
+        "TopoLVM" in e.message  # fmt: skip
 
 
 # -- estimate -----------------------------------------------------------------------------
