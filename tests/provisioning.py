@@ -20,6 +20,7 @@ from lightkube.resources.storage_v1 import CSIStorageCapacity
 from devtools import nodeimages
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.kubelet import block_target, mount_target
+from devtools.testbed.process import HarnessError
 from devtools.testbed.umlnode import UmlNode
 from tests.cluster_fixtures import GROUP_LABEL, NodeSet, node_annotations, unique
 from tests.helpers import eventually
@@ -208,6 +209,20 @@ def shared_nodes(
         node_set.close()
 
 
+def runtime_logs(nodes: Iterable[UmlNode], lines: int = 15) -> str:
+    """The last lines of each node's kubelet and containerd, for a pod that does not start or
+    stop (a sandbox that hangs shows there, not in the pod's events)."""
+    out = []
+    for n in nodes:
+        for daemon in ("kubelet", "containerd"):
+            try:
+                text = n.node_log(daemon, lines, timeout=20)[-3000:]
+            except HarnessError as e:  # a guest that stopped answering is the finding
+                text = str(e)
+            out.append(f"{n.name} {daemon}:\n{text}")
+    return "\n".join(out)
+
+
 @dataclass
 class Scenario:
     """What one test made, removed in reverse by :meth:`clean` (pods first, so that their
@@ -337,7 +352,8 @@ class Scenario:
         def details() -> str:
             pod_state = self.cp.kubectl("describe", "pod", name, "-n", NS, check=False)
             nodes = "\n".join(f"{n.name}:\n{n.node_log(lines=10)}" for n in self.nodes)
-            return f"{pod_state[-2500:]}\n{nodes}\n{self._state()}"
+            runtime = runtime_logs([n for n in self.nodes if n.kubelet])
+            return f"{pod_state[-2500:]}\n{nodes}\n{runtime}\n{self._state()}"
 
         obj: dict[str, Any] = await eventually(
             f"pod {name} running", started, timeout=timeout, details=details

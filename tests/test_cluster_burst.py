@@ -17,12 +17,11 @@ from lightkube.resources.core_v1 import Pod
 
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import DriverStack
-from devtools.testbed.process import HarnessError, http_get
-from devtools.testbed.umlnode import UmlNode
+from devtools.testbed.process import http_get
 from tests.cluster_fixtures import UmlNodes, unique
 from tests.helpers import eventually
 from tests.lvm_fixtures import THICK
-from tests.provisioning import NS, GiB, Scenario, claim, pod
+from tests.provisioning import NS, GiB, Scenario, claim, pod, runtime_logs
 from topolvm.k8s import api
 
 pytestmark = pytest.mark.cluster
@@ -81,9 +80,7 @@ async def test_thirty_pods_at_once_fill_three_nodes_exactly(
             pods = s.cp.kubectl("get", "pods", "-n", NS, "-o", "wide", check=False)
             events = s.cp.kubectl("get", "events", "-n", NS, "--sort-by=.lastTimestamp",
                                   check=False)  # fmt: skip
-            logs = "\n".join(f"{n.name} {d}: {_tail(n, d)}" for n in nodes
-                             for d in ("kubelet", "topolvm-node"))  # fmt: skip
-            return f"{pods[-4000:]}\n{events[-4000:]}\n{logs}\n{s._state()}"
+            return f"{pods[-4000:]}\n{events[-4000:]}\n{runtime_logs(nodes)}\n{s._state()}"
 
         await eventually(f"{PODS} pods Running", all_running, timeout=900, details=stuck)
         elapsed = time.monotonic() - started
@@ -117,13 +114,6 @@ async def test_thirty_pods_at_once_fill_three_nodes_exactly(
     finally:
         watcher.cancel()
         await asyncio.shield(s.clean())
-
-
-def _tail(node: UmlNode, daemon: str) -> str:
-    try:
-        return node.node_log(daemon, 15, timeout=20)[-2000:]
-    except HarnessError as e:  # a guest that stopped answering is the finding
-        return str(e)
 
 
 async def _annotation_changes(s: Scenario, into: list[str]) -> None:
