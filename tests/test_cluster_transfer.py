@@ -148,10 +148,11 @@ async def test_a_restore_free_to_run_anywhere_stays_on_its_snapshots_node(abc: S
     await ready_snapshot(s, snap)
     async with move_webhook(s.cp, s.client):
         local, anywhere, pinned = unique("local"), unique("anywhere"), unique("pinned")
-        s.apply(claim(local, thin, "1Gi", source=from_snapshot(snap)),
-                pod(local, s.group, [local]),
-                claim(pinned, thin, "1Gi", source=from_snapshot(snap)),
-                on_node(pinned, s.group, c.name, [pinned]))  # fmt: skip
+        # in a thread: the API server calls the webhook, which this thread's loop serves
+        await asyncio.to_thread(s.apply, claim(local, thin, "1Gi", source=from_snapshot(snap)),
+                                pod(local, s.group, [local]),
+                                claim(pinned, thin, "1Gi", source=from_snapshot(snap)),
+                                on_node(pinned, s.group, c.name, [pinned]))  # fmt: skip
         [near] = await s.running(local)
         [far] = await s.running(pinned, timeout=300)
         off = s.sc(device_class="thin", fs_type="xfs",
