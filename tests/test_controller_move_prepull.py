@@ -182,3 +182,17 @@ async def test_a_move_to_a_node_its_pod_may_not_run_on_is_refused(
     vm = await _move(r, "data-web-0")
     assert (vm.status.phase, vm.status.reason) == (MovePhase.REFUSED, "PodNotAllowed")
     assert "taint dedicated=gpu:NoSchedule" in vm.status.message
+
+
+async def test_a_pull_over_in_time_counts_even_when_read_late(
+    emu: KubeEmulator, reconciler: MoveReconciler
+) -> None:
+    """The pull ended within its time, and the controller reads it only later (it was down):
+    the images are pulled, not timed out."""
+    r = reconciler
+    await _precopied(emu, r)  # the pre-pull pod made; the kubelet pulled at once
+    r.prepull.timeout = -1.0  # the move's start is long ago now
+    await r.reconcile(KEY)
+    vm = await _move(r, "data-web-0")
+    pulled = vm.status.condition(IP.TYPE)
+    assert pulled is not None and pulled.reason == IP.PULLED, pulled

@@ -50,9 +50,9 @@ class PrePull:
         ns, target = vm.namespace, vm.status.target_node
         # the pull's time runs from the move's start: a pre-pull pod deleted and made again
         # never makes it longer
-        if stamps.seconds_since(vm.status.start_time) > self.timeout:
-            return _over("False", IP.TIMED_OUT, f"on node {target}: not over after "
-                         f"{self.timeout:.0f} s; the pod's start pulls"), ""  # fmt: skip
+        late = stamps.seconds_since(vm.status.start_time) > self.timeout
+        timed_out = _over("False", IP.TIMED_OUT, f"on node {target}: not over after "
+                          f"{self.timeout:.0f} s; the pod's start pulls")  # fmt: skip
         puller = await api.get(self.client, Pod, name, namespace=ns)
         if puller is not None:
             spec, labels = puller.get("spec") or {}, puller["metadata"].get("labels") or {}
@@ -61,10 +61,14 @@ class PrePull:
                              f"not make it for node {target}"), ""  # fmt: skip
             pull = prepull.pull_state(puller)
             if not pull.done:
+                if late:
+                    return timed_out, ""
                 return None, f"pulling the pod's images on node {target} ({pull.describe()})"
             ok = not pull.failed
             text = f"on node {target}: {pull.describe()}"
             return _over("True" if ok else "False", IP.PULLED if ok else IP.FAILED, text), ""
+        if late:
+            return timed_out, ""
         workload = await api.get(self.client, Pod, vm.status.pod, namespace=ns)
         if workload is None or not prepull.images(workload):
             return _over("True", IP.PULLED, "none to pull (no pod)"), ""
