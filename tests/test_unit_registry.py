@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tarfile
 from pathlib import Path
 
 import aiohttp
@@ -34,6 +35,11 @@ async def test_any_tag_resolves_to_the_archives_image_and_its_blobs_verify(tmp_p
             async with http.get(f"{base}/moved/hello/manifests/{digest}") as r:
                 manifest = await r.read()
             assert "sha256:" + hashlib.sha256(manifest).hexdigest() == digest
+            # another image ID than the preloaded one: a kubelet pulling it never takes that for
+            # a pull of the preloaded image (whose name has no registry to check it against)
+            preloaded = json.loads(registry.blobs[_archive_manifest(archive)])
+            assert json.loads(manifest)["config"]["digest"] != preloaded["config"]["digest"]
+            assert json.loads(manifest)["layers"] == preloaded["layers"]
             for blob in [json.loads(manifest)["config"], *json.loads(manifest)["layers"]]:
                 async with http.get(f"{base}/moved/hello/blobs/{blob['digest']}") as r:
                     data = await r.read()
@@ -49,3 +55,10 @@ async def test_any_tag_resolves_to_the_archives_image_and_its_blobs_verify(tmp_p
     asked = [(p.peer, p.reference) for p in registry.pulls]
     assert asked[0] == ("127.0.0.1", "moved/hello:fresh-tag")
     assert ("127.0.0.1", f"moved/hello:{digest}") in asked
+
+
+def _archive_manifest(archive: Path) -> str:
+    with tarfile.open(archive) as tar:
+        f = tar.extractfile("index.json")
+        assert f is not None
+        return str(json.load(f)["manifests"][0]["digest"])

@@ -1,6 +1,7 @@
 """A read-only container registry for the test bed: the Distribution API's pull side (``/v2/``,
 manifests and blobs) over one OCI archive of devtools/nodeimages.py, every repository and tag
-naming that one image. A test that needs an image a node does not have yet (a move's image
+naming that one image (with a config of its own: another image ID than the archive's, which the
+nodes have preloaded). A test that needs an image a node does not have yet (a move's image
 pre-pull) asks for a fresh tag here; the node's containerd pulls it over HTTP, from inside the
 test's network namespace (:func:`trust`), and :attr:`Registry.pulls` says who fetched which
 manifest when.
@@ -44,12 +45,27 @@ class Registry:
                 if member.isfile() and member.name.startswith("blobs/"):
                     algo, _, hexdigest = member.name.removeprefix("blobs/").partition("/")
                     self.blobs[f"{algo}:{hexdigest}"] = _read(tar, member.name)
-        self.manifest_digest = str(index["manifests"][0]["digest"])
-        manifest = self.blobs[self.manifest_digest]
-        assert "sha256:" + hashlib.sha256(manifest).hexdigest() == self.manifest_digest
+        self.manifest_digest = self._another_image(str(index["manifests"][0]["digest"]))
         self.pulls: list[Pull] = []
         self.address = ""
         self._runner: web.AppRunner | None = None
+
+    def _another_image(self, digest: str) -> str:
+        """The archive's image with a config of its own (a label added): the same layers, but
+        another image ID, so that the kubelet never takes a pull of it for a pull of the image
+        the nodes have preloaded (it would then ask a registry for that one too, as the kubelet
+        checks a pulled image's credentials for every name of its ID). Its manifest's digest."""
+        manifest = json.loads(self.blobs[digest])
+        config = json.loads(self.blobs[manifest["config"]["digest"]])
+        config.setdefault("config", {}).setdefault("Labels", {})["topolvm.test/registry"] = "1"
+        config_bytes = json.dumps(config, sort_keys=True).encode()
+        config_digest = _digest(config_bytes)
+        self.blobs[config_digest] = config_bytes
+        manifest["config"] = {**manifest["config"], "digest": config_digest,
+                              "size": len(config_bytes)}  # fmt: skip
+        manifest_bytes = json.dumps(manifest, sort_keys=True).encode()
+        self.blobs[_digest(manifest_bytes)] = manifest_bytes
+        return _digest(manifest_bytes)
 
     async def start(self, host: str, port: int = 0) -> Registry:
         app = web.Application()
@@ -90,6 +106,10 @@ class Registry:
         if digest not in self.blobs:
             return _unknown("BLOB_UNKNOWN", digest)
         return _serve(request, self.blobs[digest], digest, "application/octet-stream")
+
+
+def _digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def _read(tar: tarfile.TarFile, name: str) -> bytes:
