@@ -312,8 +312,10 @@ async def test_a_pods_two_claims_move_together_losing_no_write(abc: Scenario) ->
         logs = await move_done(abc.client, w.logs)
         assert logs.status.phase == MovePhase.SUCCEEDED, logs.status
         await w.check(vm, logs)
-        # the final copy sent what changed since the pre-copy, not the volume again
-        assert 0 < vm.status.delta_bytes < vm.status.precopy_bytes
+        # the final copy sent what changed since the pre-copy, not the volume again (the pod
+        # writes on while its image is pulled on the target, so the delta may outgrow the
+        # pre-copy of this young volume, never the volume)
+        assert 0 < vm.status.delta_bytes < vm.status.size_bytes // 2, vm.status
         # the thick claim's read only the chunks its first cut's exception table lists
         said = await events_for(abc.client, "PersistentVolumeClaim", w.logs)
         assert any("thick, its changed chunks" in e for e in said), said
