@@ -57,6 +57,7 @@ from tests.transfer_helpers import (
     ready_snapshot,
     snapshot,
     snapshot_class,
+    snapshotted,
     write_data,
 )
 from topolvm.k8s import api
@@ -100,15 +101,9 @@ async def test_a_thin_snapshot_restores_on_another_node_sending_only_its_blocks(
     s = abc
     a, b, _ = s.nodes
     thin = s.sc(device_class="thin", fs_type="xfs")
-    vsc = unique("vsc")
-    s.apply(snapshot_class(vsc))
-    src, writer = unique("src"), unique("writer")
-    s.apply(claim(src, thin, "1Gi"), on_node(writer, s.group, a.name, [src]))
-    await s.running(writer)
-    sums = write_data(s, writer, src, mib=96)  # about 10% of the volume
-    snap = unique("snap")
-    s.apply(snapshot(snap, vsc, src))
-    ready = await ready_snapshot(s, snap)
+    # about 10% of the volume written
+    got = await snapshotted(s, thin, a.name, "1Gi", mib=96)
+    src, sums, snap, ready = got.claim, got.sums, got.snapshot, got.ready
     bound_to = ready["status"]["boundVolumeSnapshotContentName"]
     content = s.cp.kubectl("get", "volumesnapshotcontent", bound_to, "-o", "json")
     assert "nodeAffinity" not in content  # KEP-5943: nothing confines its restores to node A
@@ -137,15 +132,8 @@ async def test_a_restore_free_to_run_anywhere_stays_on_its_snapshots_node(abc: S
     s = abc
     _, b, c = s.nodes
     thin = s.sc(device_class="thin", fs_type="xfs")
-    vsc = unique("vsc")
-    s.apply(snapshot_class(vsc))
-    src, writer = unique("src"), unique("writer")
-    s.apply(claim(src, thin, "1Gi"), on_node(writer, s.group, b.name, [src]))
-    await s.running(writer)
-    sums = write_data(s, writer, src, mib=8)
-    snap = unique("snap")
-    s.apply(snapshot(snap, vsc, src))
-    await ready_snapshot(s, snap)
+    got = await snapshotted(s, thin, b.name, "1Gi", mib=8)
+    src, sums, snap = got.claim, got.sums, got.snapshot
     async with move_webhook(s.cp, s.client):
         local, anywhere, pinned = unique("local"), unique("anywhere"), unique("pinned")
         # in a thread: the API server calls the webhook, which this thread's loop serves
@@ -248,15 +236,8 @@ async def test_doctor_names_the_source_node_a_claim_waits_for(abc: Scenario) -> 
     s = abc
     a, b, _ = s.nodes
     thin = s.sc(device_class="thin", fs_type="xfs")
-    vsc = unique("vsc")
-    s.apply(snapshot_class(vsc))
-    src, writer = unique("src"), unique("writer")
-    s.apply(claim(src, thin, "512Mi"), on_node(writer, s.group, a.name, [src]))
-    await s.running(writer)
-    sums = write_data(s, writer, src, mib=8)
-    snap = unique("snap")
-    s.apply(snapshot(snap, vsc, src))
-    await ready_snapshot(s, snap)
+    got = await snapshotted(s, thin, a.name, "512Mi", mib=8)
+    src, sums, snap = got.claim, got.sums, got.snapshot
     restored, reader = unique("restored"), unique("reader")
     with refused(b, a):
         s.apply(claim(restored, thin, "512Mi", source=from_snapshot(snap)),
@@ -530,15 +511,9 @@ async def test_a_snapshot_kept_on_another_node_outlives_its_node(abc: Scenario) 
     a, b, c = s.nodes
     s.cp.kubectl("label", "node", c.name, "topolvm.test/keeper=yes", "--overwrite")
     thin = s.sc(device_class="thin", fs_type="xfs")
-    vsc = unique("vsc")
-    s.apply(snapshot_class(vsc, {"topolvm.io/snapshot-node-selector": "topolvm.test/keeper=yes"}))
-    src, writer = unique("src"), unique("writer")
-    s.apply(claim(src, thin, "512Mi"), on_node(writer, s.group, a.name, [src]))
-    await s.running(writer)
-    sums = write_data(s, writer, src, mib=40)
-    snap = unique("snap")
-    s.apply(snapshot(snap, vsc, src))
-    ready = await ready_snapshot(s, snap)
+    keeper = {"topolvm.io/snapshot-node-selector": "topolvm.test/keeper=yes"}
+    got = await snapshotted(s, thin, a.name, "512Mi", mib=40, snapshot_params=keeper)
+    src, writer, sums, snap, ready = got.claim, got.writer, got.sums, got.snapshot, got.ready
     handle = s.cp.kubectl("get", "volumesnapshotcontent",
                           ready["status"]["boundVolumeSnapshotContentName"], "-o",
                           "jsonpath={.status.snapshotHandle}")  # fmt: skip

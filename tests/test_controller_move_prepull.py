@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightkube.resources.core_v1 import Event
+from lightkube.resources.core_v1 import Event, Node
 
 from tests.kube_emulator import KubeEmulator
 from tests.kube_fixtures import pulled_at_once
@@ -196,3 +196,27 @@ async def test_a_pull_over_in_time_counts_even_when_read_late(
     vm = await _move(r, "data-web-0")
     pulled = vm.status.condition(IP.TYPE)
     assert pulled is not None and pulled.reason == IP.PULLED, pulled
+
+
+async def test_images_the_target_already_lists_are_not_pulled_again(
+    emu: KubeEmulator, reconciler: MoveReconciler
+) -> None:
+    r = reconciler
+    seed(emu)
+    workload = emu.get("pods", "web-0", NS)
+    n2 = emu.get("nodes", "n2")
+    assert workload is not None and n2 is not None
+    # the kubelet lists images by their full names: the workload's short ones must match them
+    held = [{"names": [prepull.reference(c["image"]), "sha256:1"], "sizeBytes": 1}
+            for c in workload["spec"]["containers"]]  # fmt: skip
+    await api.write_status(r.client, Node, n2, {**n2.get("status", {}), "images": held})
+    await api.create(r.client, MOVES.from_dict(manifest("topolvm.io", NS, "data-web-0", "n2")))
+    await r.reconcile(KEY)  # planned
+    await r.reconcile(KEY)  # the target asked for; nothing to pull
+    vm = await _move(r, "data-web-0")
+    assert _puller(emu, vm) is None
+    pulled = vm.status.condition(IP.TYPE)
+    assert pulled is not None and (pulled.status, pulled.reason) == ("True", IP.PRESENT), pulled
+    await _set_copy_done(r, vm.status.target_volume)
+    await r.reconcile(KEY)
+    assert (await _move(r, "data-web-0")).status.phase == MovePhase.STOPPING

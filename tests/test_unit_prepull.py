@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from topolvm.move import prepull
 
 WORKLOAD: dict[str, Any] = {
@@ -64,3 +66,28 @@ def test_a_container_the_kubelet_tried_to_start_has_its_image() -> None:
         {"name": "pull-1", "state": {"terminated": {"reason": "StartError", "exitCode": 128}}},
     ))  # fmt: skip
     assert state.done and state.pulled == ("reg/tools:1", "reg/db:2") and not state.failed
+
+
+@pytest.mark.parametrize(("image", "full"), [
+    ("busybox", "docker.io/library/busybox:latest"),
+    ("busybox:1.36", "docker.io/library/busybox:1.36"),
+    ("bitnami/mysql", "docker.io/bitnami/mysql:latest"),
+    ("index.docker.io/library/busybox:1", "docker.io/library/busybox:1"),
+    ("quay.io/ns/app", "quay.io/ns/app:latest"),
+    ("localhost/app:2", "localhost/app:2"),
+    ("registry:5000/app", "registry:5000/app:latest"),
+    ("registry:5000/app@sha256:ab", "registry:5000/app@sha256:ab"),
+    ("busybox@sha256:ab", "docker.io/library/busybox@sha256:ab"),
+])  # fmt: skip
+def test_image_names_are_spelled_as_the_runtime_lists_them(image: str, full: str) -> None:
+    assert prepull.reference(image) == full
+
+
+def test_only_images_the_node_lists_count_as_there() -> None:
+    workload = {"spec": {"initContainers": [{"image": "busybox"}],
+                         "containers": [{"image": "quay.io/ns/app:2"}]}}  # fmt: skip
+    node = {"status": {"images": [{"names": ["docker.io/library/busybox:latest"]}]}}
+    assert prepull.missing(workload, node) == ["quay.io/ns/app:2"]
+    node["status"]["images"].append({"names": ["quay.io/ns/app@sha256:1", "quay.io/ns/app:2"]})
+    assert prepull.missing(workload, node) == []
+    assert prepull.missing(workload, {}) == ["busybox", "quay.io/ns/app:2"]  # no status: pull

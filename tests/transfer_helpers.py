@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from devtools.testbed.umlnode import UmlNode
+from tests import provisioning
+from tests.cluster_fixtures import unique
 from tests.helpers import eventually
 from tests.provisioning import NS, Scenario, pod
 from topolvm.k8s import api
@@ -79,6 +82,35 @@ async def ready_snapshot(s: Scenario, name: str, timeout: float = 240) -> dict[s
         f"snapshot {name} ready", check, timeout=timeout, details=details
     )
     return result
+
+
+@dataclass(frozen=True)
+class Snapshotted:
+    claim: str  # the source claim, written on its node
+    writer: str  # the pod that wrote it (still running there)
+    sums: str  # read_sums of what it wrote
+    snapshot: str
+    ready: dict[str, Any]  # the VolumeSnapshot, readyToUse
+
+
+async def snapshotted(
+    s: Scenario,
+    sc: str,
+    node: str,
+    size: str,
+    mib: int,
+    snapshot_params: dict[str, str] | None = None,
+) -> Snapshotted:
+    """A claim of ``size`` of StorageClass ``sc`` on ``node``, ``mib`` MiB written into it by a
+    pod that stays there, and a ready VolumeSnapshot of it in a class of its own (with
+    ``snapshot_params``)."""
+    vsc, src, writer, snap = unique("vsc"), unique("src"), unique("writer"), unique("snap")
+    s.apply(snapshot_class(vsc, snapshot_params))
+    s.apply(provisioning.claim(src, sc, size), on_node(writer, s.group, node, [src]))
+    await s.running(writer)
+    sums = write_data(s, writer, src, mib=mib)
+    s.apply(snapshot(snap, vsc, src))
+    return Snapshotted(src, writer, sums, snap, await ready_snapshot(s, snap))
 
 
 async def logical_volume_of(s: Scenario, handle: str) -> LogicalVolumeObject:

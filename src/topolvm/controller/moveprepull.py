@@ -6,7 +6,8 @@ The pre-pull pod (:mod:`topolvm.move.prepull`) is made at the first PreCopy pass
 runs beside the copy; the move leaves PreCopy once the copy is done *and* the pull is over. The
 outcome is the VolumeMove's ``ImagesPulled`` condition (an Event says it too):
 
-- True, ``Pulled``: every image is on the target node;
+- True, ``Pulled``: every image is on the target node; ``AlreadyPresent``: the target's Node
+  already lists every one of them (its ``status.images``), so no pre-pull pod is made;
 - False, ``PullFailed`` (a registry refused, say), ``PullTimedOut`` (not over within
   :data:`TIMEOUT`) or ``PullSkipped`` (the pod could not be made: a quota, an admission
   policy): the move goes on, and the pod's own start pulls, as it would have without this.
@@ -75,6 +76,9 @@ class PrePull:
         node = await api.get(self.client, Node, target)
         if why := fits.refusal(workload, node or {"metadata": {"name": target}}):
             return _over("False", IP.SKIPPED, f"not pulled on node {target}: {why}"), ""
+        if node is not None and not prepull.missing(workload, node):
+            held = ", ".join(image for image, _ in prepull.images(workload))
+            return _over("True", IP.PRESENT, f"on node {target} already: {held}"), ""
         body = prepull.prepull_pod(workload, target, name, {MOVE_LABEL: vm.uid})
         body["metadata"]["ownerReferences"] = [{  # gone with its VolumeMove, whatever happens
             "apiVersion": "topolvm.io/v1", "kind": "VolumeMove", "name": vm.name,

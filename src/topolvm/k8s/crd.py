@@ -261,7 +261,8 @@ def volumemove_crd(group: str) -> dict[str, Any]:
             "type": "array",
             "description": "Verified: True once both volumes' digests as of the swap match; "
             "False (reason DigestMismatch or VerifyFailed) keeps the old volume. ImagesPulled: "
-            "the pod's images pulled on the target during the pre-copy (True, Pulled), or not "
+            "the pod's images pulled on the target during the pre-copy (True, Pulled, or "
+            "AlreadyPresent when the Node lists them all), or not "
             "(False: PullFailed, PullTimedOut or PullSkipped; the move goes on).",
             "items": {
                 "type": "object",
@@ -270,7 +271,8 @@ def volumemove_crd(group: str) -> dict[str, Any]:
                     "type": _string("Verified or ImagesPulled."),
                     "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
                     "reason": _string("DigestMatch, DigestMismatch or VerifyFailed; Pulled, "
-                                      "PullFailed, PullTimedOut or PullSkipped."),
+                                      "AlreadyPresent, PullFailed, PullTimedOut or "
+                                      "PullSkipped."),
                     "message": _string("The digests or the images, or why there are none."),
                     "lastTransitionTime": {"type": "string", "format": "date-time"},
                 },

@@ -46,6 +46,7 @@ class ImagesPulled:
     FAILED = "PullFailed"  # False: the kubelet could not pull one (the message says which)
     TIMED_OUT = "PullTimedOut"  # False: not over in time; the pod's start pulls
     SKIPPED = "PullSkipped"  # False: the pre-pull pod could not be made
+    PRESENT = "AlreadyPresent"  # True: the target's Node lists every image (no pod made)
 
 
 def pod_name(move_uid: str) -> str:
@@ -61,6 +62,34 @@ def images(pod: Mapping[str, Any]) -> list[tuple[str, str]]:
         if image and image not in seen:
             seen[image] = str(c.get("imagePullPolicy") or "")
     return list(seen.items())
+
+
+def reference(image: str) -> str:
+    """``image`` as the container runtime names it: the registry and, on Docker Hub, the
+    ``library/`` path spelled out, ``:latest`` when neither a tag nor a digest is given
+    (``busybox`` is ``docker.io/library/busybox:latest``)."""
+    first, _, rest = image.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        domain, path = first, rest
+    else:
+        domain, path = "docker.io", image
+    if domain in ("index.docker.io", "registry-1.docker.io"):
+        domain = "docker.io"
+    if domain == "docker.io" and "/" not in path:
+        path = f"library/{path}"
+    last = path.rsplit("/", 1)[-1]
+    if "@" not in last and ":" not in last:
+        path += ":latest"
+    return f"{domain}/{path}"
+
+
+def missing(workload: Mapping[str, Any], node: Mapping[str, Any]) -> list[str]:
+    """The workload's images that ``node``'s status does not list (the kubelet reports the
+    images it holds, up to its ``nodeStatusMaxImages``): none means there is nothing to pull.
+    An image the list does not show, for any reason, counts as missing."""
+    held = {reference(str(name)) for entry in (node.get("status") or {}).get("images") or []
+            for name in entry.get("names") or []}  # fmt: skip
+    return [image for image, _ in images(workload) if reference(image) not in held]
 
 
 def prepull_pod(
