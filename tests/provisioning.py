@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -209,18 +210,56 @@ def shared_nodes(
         node_set.close()
 
 
+# the processes of a pod's start and stop in a guest (a CNI plugin or runc that hangs shows here)
+RUNTIME_PROCS = ("bridge", "host-local", "loopback", "runc", "containerd-shim", "pause", "mount")
+# what containerd's goroutine dump (SIGUSR1) shows of the calls that start and stop pods
+STUCK_CALLS = (
+    "RunPodSandbox", "StopPodSandbox", "RemovePodSandbox", "CreateContainer", "StartContainer",
+    "setupPodNetwork", "teardownPodNetwork", "libcni",
+)  # fmt: skip
+
+
 def runtime_logs(nodes: Iterable[UmlNode], lines: int = 15) -> str:
-    """The last lines of each node's kubelet and containerd, for a pod that does not start or
-    stop (a sandbox that hangs shows there, not in the pod's events)."""
+    """For a pod that does not start or stop (a sandbox that hangs shows on its node, not in the
+    pod's events), each node's: processes of the pod runtime older than a minute, the calls
+    containerd is in (its goroutine dump, SIGUSR1), and the last lines of the kubelet and
+    containerd. Short, and first in a failure's message (a CI log keeps its start)."""
     out = []
     for n in nodes:
-        for daemon in ("kubelet", "containerd"):
-            try:
+        try:
+            ps = n.exec("ps", "-eo", "pid,etimes,stat,wchan:24,args", check=False, timeout=20)
+            old = [ln[:200] for ln in ps.stdout.splitlines()[1:]
+                   if any(p in ln for p in RUNTIME_PROCS) and int(ln.split()[1]) > 60]  # fmt: skip
+            out.append(f"{n.name} runtime processes over 60 s old:\n" + "\n".join(old[-20:]))
+            out.append(f"{n.name} containerd is in: {_containerd_calls(n)}")
+            for daemon in ("kubelet", "containerd"):
                 text = n.node_log(daemon, lines, timeout=20)[-3000:]
-            except HarnessError as e:  # a guest that stopped answering is the finding
-                text = str(e)
-            out.append(f"{n.name} {daemon}:\n{text}")
+                out.append(f"{n.name} {daemon}:\n{text}")
+        except HarnessError as e:  # a guest that stopped answering is the finding
+            out.append(f"{n.name}: {e}")
     return "\n".join(out)
+
+
+def _containerd_calls(node: UmlNode) -> str:
+    """How many of containerd's goroutines are in each call that starts or stops a pod."""
+    pid = node.pids.get("containerd")
+    if pid is None:
+        return "(not started by the test bed)"
+    node.exec("kill", "-USR1", str(pid), check=False, timeout=10)
+    time.sleep(1)  # the dump goes to its log
+    dump = node.node_log("containerd", 4000, timeout=20)
+    start = dump.rfind("=== BEGIN goroutine stack dump ===")
+    if start < 0:
+        return "(no goroutine dump in its log)"
+    dump = dump[start:].replace("\\n", "\n")  # one log entry: its newlines may be escaped
+    counts: dict[str, int] = {}
+    for goroutine in dump.split("\n\n"):
+        for call in STUCK_CALLS:
+            if call in goroutine:
+                counts[call] = counts.get(call, 0) + 1
+    return ", ".join(f"{call} x{k}" for call, k in counts.items()) or "none of " + "/".join(
+        STUCK_CALLS
+    )
 
 
 @dataclass
@@ -353,7 +392,7 @@ class Scenario:
             pod_state = self.cp.kubectl("describe", "pod", name, "-n", NS, check=False)
             nodes = "\n".join(f"{n.name}:\n{n.node_log(lines=10)}" for n in self.nodes)
             runtime = runtime_logs([n for n in self.nodes if n.kubelet])
-            return f"{pod_state[-2500:]}\n{nodes}\n{runtime}\n{self._state()}"
+            return f"{runtime}\n{pod_state[-2500:]}\n{nodes}\n{self._state()}"
 
         obj: dict[str, Any] = await eventually(
             f"pod {name} running", started, timeout=timeout, details=details

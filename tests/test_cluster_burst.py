@@ -80,7 +80,7 @@ async def test_thirty_pods_at_once_fill_three_nodes_exactly(
             pods = s.cp.kubectl("get", "pods", "-n", NS, "-o", "wide", check=False)
             events = s.cp.kubectl("get", "events", "-n", NS, "--sort-by=.lastTimestamp",
                                   check=False)  # fmt: skip
-            return f"{pods[-4000:]}\n{events[-4000:]}\n{runtime_logs(nodes)}\n{s._state()}"
+            return f"{runtime_logs(nodes)}\n{pods[-4000:]}\n{events[-4000:]}\n{s._state()}"
 
         await eventually(f"{PODS} pods Running", all_running, timeout=900, details=stuck)
         elapsed = time.monotonic() - started

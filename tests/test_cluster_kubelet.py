@@ -24,7 +24,7 @@ from devtools.testbed.kubenode import CONTAINERD_SOCKET, KubeNode
 from devtools.testbed.umlnode import UmlNode
 from tests.cluster_fixtures import GROUP_LABEL, NodeSet, chart_release, unique
 from tests.helpers import eventually
-from tests.provisioning import NS, GiB, Published, Scenario, bound, claim, pod
+from tests.provisioning import NS, GiB, Published, Scenario, bound, claim, pod, runtime_logs
 from topolvm.k8s import api
 
 pytestmark = [pytest.mark.cluster, pytest.mark.asyncio(loop_scope="module")]
@@ -231,3 +231,13 @@ async def test_module_has_its_own_nodes(cluster: Cluster) -> None:
     """The chart's DaemonSet stays on this module's nodes (the nodeSelector of the test bed)."""
     on = {p["spec"].get("nodeName") for p in cluster.release.pods()}
     assert on == {n.name for n in cluster.nodes}
+
+
+async def test_a_stuck_pods_diagnostics_read_the_nodes_runtime(cluster: Cluster) -> None:
+    """What a pod that does not start prints first (provisioning.runtime_logs): each node's
+    pod-runtime processes, the pod calls containerd is in (from its goroutine dump) and the
+    kubelet's and containerd's last lines. On healthy nodes: no call in progress."""
+    said = runtime_logs(cluster.nodes)
+    for node in cluster.nodes:
+        assert f"{node.name} containerd is in: none of RunPodSandbox" in said, said
+        assert f"{node.name} kubelet:\n" in said and f"{node.name} containerd:\n" in said, said

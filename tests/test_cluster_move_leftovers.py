@@ -56,8 +56,10 @@ def _pool(node: UmlNode) -> None:
 def ab_nodes(
     control_plane: ControlPlane, driver: DriverStack, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[UmlNode]]:
+    # the LV accounting looks every 10 s instead of every minute: the doctor test waits for it
     with shared_nodes(control_plane, tmp_path_factory.mktemp("left"), "left", [8, 8],
-                      [THICK, THIN], prepare=_pool) as nodes:  # fmt: skip
+                      [THICK, THIN], prepare=_pool,
+                      extra=["--lv-accounting-interval=10"]) as nodes:  # fmt: skip
         yield nodes
 
 
@@ -216,8 +218,8 @@ async def test_doctor_names_an_lv_no_logical_volume_claims_and_its_node_keeps_it
             found = about(doc, "orphan-lvs", a.name)
             return found[0] if found else None
 
-        # topolvm-node looks every minute and judges on two looks in a row
-        finding = await eventually("doctor naming the LV", named, timeout=240, interval=5)
+        # topolvm-node looks every 10 s here (ab_nodes) and judges on two looks in a row
+        finding = await eventually("doctor naming the LV", named, timeout=120, interval=2)
         print(finding)
         assert f"LV vg1/{name} (device class ssd): 64.0 MiB" in str(finding["evidence"])
         assert f"lvremove -y vg1/{name}" in str(finding["fixes"])
@@ -230,5 +232,5 @@ async def test_doctor_names_an_lv_no_logical_volume_claims_and_its_node_keeps_it
     async def cleared() -> bool:
         return orphanlvs.annotation(s.names) not in await node_annotations(s.client, a.name)
 
-    await eventually("the Node's list cleared", cleared, timeout=240, interval=5)
+    await eventually("the Node's list cleared", cleared, timeout=120, interval=2)
     await s.clean()

@@ -56,6 +56,8 @@ async def test_bad_flag_values() -> None:
     assert code == 1 and "--command-timeout only applies with --embed-lvmd" in out
     code, out = await run_node("--nodename", "n1", "--embed-lvmd", "--command-timeout", "0")
     assert code == 2 and "--command-timeout" in out
+    code, out = await run_node("--nodename", "n1", "--lv-accounting-interval", "0")
+    assert code == 2 and "--lv-accounting-interval" in out
 
 
 async def test_bad_kubelet_registration_and_health_flags() -> None:

@@ -68,6 +68,7 @@ class NodeOptions:
     health_address: tuple[str, int] | None = None  # /healthz: what the CSI Probe answers
     registration: Registration | None = None  # built-in kubelet plugin registration
     resync: float = 600.0
+    lv_accounting_interval: float = 60.0  # topolvm.node.orphans
     probe_interval: float = 60.0
     workers: int = 4
     advertise_capacity_resource: bool = True
@@ -125,7 +126,8 @@ class TopolvmNode:
         )
         # LVs no LogicalVolume accounts for: logged, counted, listed on the Node, never removed
         self.accounting = LvAccounting(client, self.names, options.node_name, self.lvmd,
-                                       self.informer, self.metrics, cuts)  # fmt: skip
+                                       self.informer, self.metrics, cuts,
+                                       options.lv_accounting_interval)  # fmt: skip
         checks: list[Callable[[], Awaitable[None]]] = []
         if self._embedded is None:
             checks.append(self.lvmd.check_health)

@@ -104,6 +104,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=600.0,
         help="seconds between full re-lists of LogicalVolumes (default 600)",
     )
+    p.add_argument(
+        "--lv-accounting-interval",
+        type=positive_seconds,
+        default=60.0,
+        help="seconds between looks for LVs no LogicalVolume accounts for; one is reported "
+        "after two looks in a row (default 60)",
+    )
     add_bool_flag(
         p,
         "--advertise-capacity-resource",
@@ -205,6 +212,7 @@ def options_from_args(args: argparse.Namespace) -> NodeOptions:
         health_address=args.health_probe_bind_address,
         registration=registration_from_args(args),
         resync=args.resync_interval,
+        lv_accounting_interval=args.lv_accounting_interval,
         advertise_capacity_resource=args.advertise_capacity_resource,
         lvmd_options=lvmd_cli.lvm_options(args),
         transfer=transfer_from_args(args),
