@@ -84,10 +84,22 @@ def test_image_names_are_spelled_as_the_runtime_lists_them(image: str, full: str
 
 
 def test_only_images_the_node_lists_count_as_there() -> None:
-    workload = {"spec": {"initContainers": [{"image": "busybox"}],
+    workload = {"spec": {"initContainers": [{"image": "busybox:1"}],
                          "containers": [{"image": "quay.io/ns/app:2"}]}}  # fmt: skip
-    node = {"status": {"images": [{"names": ["docker.io/library/busybox:latest"]}]}}
+    node = {"status": {"images": [{"names": ["docker.io/library/busybox:1"]}]}}
     assert prepull.missing(workload, node) == ["quay.io/ns/app:2"]
     node["status"]["images"].append({"names": ["quay.io/ns/app@sha256:1", "quay.io/ns/app:2"]})
     assert prepull.missing(workload, node) == []
-    assert prepull.missing(workload, {}) == ["busybox", "quay.io/ns/app:2"]  # no status: pull
+    assert prepull.missing(workload, {}) == ["busybox:1", "quay.io/ns/app:2"]  # no status: pull
+
+
+def test_an_image_pulled_at_every_start_is_pulled_ahead_even_when_there() -> None:
+    """Its tag may have moved: the pull before the stop fetches the new layers."""
+    node = {"status": {"images": [{"names": ["docker.io/library/busybox:latest",
+                                             "quay.io/ns/app:2"]}]}}  # fmt: skip
+    latest = {"spec": {"containers": [{"image": "busybox"}]}}  # the API server's default: Always
+    assert prepull.missing(latest, node) == ["busybox"]
+    always = {"spec": {"containers": [{"image": "quay.io/ns/app:2", "imagePullPolicy": "Always"}]}}
+    assert prepull.missing(always, node) == ["quay.io/ns/app:2"]
+    pinned = {"spec": {"containers": [{"image": "busybox", "imagePullPolicy": "IfNotPresent"}]}}
+    assert prepull.missing(pinned, node) == []

@@ -84,12 +84,24 @@ def reference(image: str) -> str:
 
 
 def missing(workload: Mapping[str, Any], node: Mapping[str, Any]) -> list[str]:
-    """The workload's images that ``node``'s status does not list (the kubelet reports the
-    images it holds, up to its ``nodeStatusMaxImages``): none means there is nothing to pull.
-    An image the list does not show, for any reason, counts as missing."""
+    """The workload's images to pull on ``node``: those its status does not list (the kubelet
+    reports the images it holds, up to its ``nodeStatusMaxImages``; one the list does not show,
+    for any reason, counts as missing), and those pulled ``Always`` (the pod's start asks the
+    registry again: a tag moved since is pulled now, not with the workload down). None means
+    there is nothing to pull."""
     held = {reference(str(name)) for entry in (node.get("status") or {}).get("images") or []
             for name in entry.get("names") or []}  # fmt: skip
-    return [image for image, _ in images(workload) if reference(image) not in held]
+    return [image for image, policy in images(workload)
+            if _always(image, policy) or reference(image) not in held]  # fmt: skip
+
+
+def _always(image: str, policy: str) -> bool:
+    """Whether the kubelet pulls ``image`` at every start: its policy, or the API server's
+    default for none (``Always`` for ``:latest`` or no tag)."""
+    if policy:
+        return policy == "Always"
+    last = reference(image).rsplit("/", 1)[-1]
+    return "@" not in last and last.endswith(":latest")
 
 
 def prepull_pod(
