@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -233,11 +234,20 @@ def runtime_logs(nodes: Iterable[UmlNode], lines: int = 15) -> str:
             out.append(f"{n.name} runtime processes over 60 s old:\n" + "\n".join(old[-20:]))
             out.append(f"{n.name} containerd is in: {_containerd_calls(n)}")
             for daemon in ("kubelet", "containerd"):
-                text = n.node_log(daemon, lines, timeout=20)[-3000:]
-                out.append(f"{n.name} {daemon}:\n{text}")
+                d = n.daemon(daemon, lines, timeout=20)
+                state = "running" if d.get("running") else f"exited {d.get('rc')}"
+                out.append(f"{n.name} {daemon} ({state}):\n{str(d.get('log', ''))[-3000:]}")
         except HarnessError as e:  # a guest that stopped answering is the finding
             out.append(f"{n.name}: {e}")
-    return "\n".join(out)
+    return "\n".join([*out, f"host kernel: {_host_kernel_news()}"])
+
+
+def _host_kernel_news() -> str:
+    """What the host's kernel said of UML processes (a signal it could not deliver to one)."""
+    res = subprocess.run(["dmesg"], capture_output=True, text=True, check=False)
+    said = [ln for ln in res.stdout.splitlines() if "linux[" in ln or "sigaltstack" in ln]
+    return "\n".join(said[-5:]) or ("nothing of UML processes" if res.returncode == 0
+                                     else f"(dmesg: {res.stderr.strip()})")  # fmt: skip
 
 
 def _containerd_calls(node: UmlNode) -> str:

@@ -240,4 +240,6 @@ async def test_a_stuck_pods_diagnostics_read_the_nodes_runtime(cluster: Cluster)
     said = runtime_logs(cluster.nodes)
     for node in cluster.nodes:
         assert f"{node.name} containerd is in: none of RunPodSandbox" in said, said
-        assert f"{node.name} kubelet:\n" in said and f"{node.name} containerd:\n" in said, said
+        assert f"{node.name} kubelet (running):\n" in said, said
+        assert f"{node.name} containerd (running):\n" in said, said
+    assert "host kernel: " in said, said
