@@ -4,8 +4,7 @@ Why not Debian's ``user-mode-linux`` package: its kernel (6.1) saves a guest's F
 fixed XSAVE size (2696 bytes), which the host refuses on a CPU with AMX (11008 bytes), so every
 guest's init dies at boot there. Linux 6.13 fixed it; Debian's 6.12 source still has the bug.
 This module takes ``linux-source-6.12`` (``apt-get download``, no install), applies
-``devtools/kernel/*.patch`` (the host's XSAVE size read at boot; a timer signal never dropped)
-and builds ``ARCH=um`` with
+``devtools/kernel/*.patch`` (the host's XSAVE size read at boot) and builds ``ARCH=um`` with
 ``make defconfig`` plus ``devtools/kernel/uml.config`` (everything built in, no modules).
 
 The kernel lands in ``~/.cache/topolvm/umlkernel/linux-<key>/linux`` (``$TOPOLVM_UMLKERNEL_CACHE``
