@@ -118,7 +118,7 @@ print("DONE", flush=True)
 def test_guest_timers_survive_short_sleeps_beside_disk_io(tmp_path: Path) -> None:
     """A UML guest's timers sometimes stop for good (its host timer never programmed again):
     every sleep in it hangs, containerd with it, and pods stay in ContainerCreating. The host
-    sends UML a timer signal every second (uml.TimerNudge), which revives them. Without it,
+    sends UML a timer signal every second (devtools.umlnudge), which revives them. Without it,
     this storm stopped the ticks for good in about 1 run of 4 (60 s each); with it, a tick is
     late by a second at most."""
     seconds = 60
