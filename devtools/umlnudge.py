@@ -9,8 +9,9 @@ import signal
 import threading
 from pathlib import Path
 
+from devtools.testbed.process import in_signal_mask
+
 TIMER_NUDGE_SECONDS = 1.0
-_SIGALRM_BIT = 1 << (14 - 1)  # SIGALRM in /proc/<pid>/status's signal masks
 
 
 class TimerNudge:
@@ -41,14 +42,7 @@ class TimerNudge:
 
     @staticmethod
     def _catches_alarm(pid: int) -> bool:
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            return False
-        for line in status.splitlines():
-            if line.startswith("SigCgt:"):
-                return bool(int(line.split()[1], 16) & _SIGALRM_BIT)
-        return False
+        return in_signal_mask(pid, signal.SIGALRM, "SigCgt")
 
     def _kernel(self) -> int | None:
         """UML's kernel process: the child of ``unshare`` that catches SIGALRM."""

@@ -153,16 +153,21 @@ def become_subreaper() -> None:
     _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
+def in_signal_mask(pid: int, sig: int, *masks: str) -> bool:
+    """Whether ``sig`` is set in any of the signal ``masks`` of ``/proc/<pid>/status``
+    (``SigPnd``, ``ShdPnd``, ``SigCgt``...); False for a process that is gone."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name in masks and int(value.split()[0], 16) & (1 << (sig - 1)):
+                return True
+    return False
+
+
 def _dying(pid: int) -> bool:
     """Whether a SIGKILL is pending for ``pid``: killed already, only not done exiting (a UML
     guest's helper unmapping its memory, say)."""
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16) & (
-                1 << (signal.SIGKILL - 1)
-            ):
-                return True
-    return False
+    return in_signal_mask(pid, signal.SIGKILL, "SigPnd", "ShdPnd")
 
 
 def reap_leftovers(timeout: float = 30) -> list[str]:
