@@ -19,6 +19,8 @@ from topolvm.doctor.scope import Scope, ScopeError
 from topolvm.doctor.snapshot import Obj, Snapshot
 from topolvm.k8s import api
 from topolvm.k8s import errors as kube
+from topolvm.k8s.lvobject import CopyStatus
+from topolvm.node.copyreport import connecting
 
 GiB = 1 << 30
 ID = "volume-move"
@@ -348,6 +350,28 @@ def test_a_source_still_open_is_named_at_once_not_only_when_stuck() -> None:
     assert f.severity is Severity.WARNING and "is being moved" in f.title
     assert f.cause.startswith("the volume is still open on node w1: pvc-data-old (open count 1)")
     assert f.fixes[0].summary.startswith("A pod whose object was deleted may still run on node w1")
+
+
+def test_a_source_still_open_is_named_while_the_copy_tries_again() -> None:
+    """Between two attempts the target's copy is Copying again, its message keeping what it
+    waits for (node.copyreport.connecting): doctor still names the node holding the volume."""
+    waited = (
+        "waiting: refused (unavailable): the volume pvc-data-old is still open on node "
+        "w1 (open count 1): the final cut waits until its workload stops; next try in 8s"
+    )
+    again = connecting(CopyStatus(message=waited), "w1")
+    f = one(
+        s.volume_move("data", "FinalCopy", "pod app/data-pod stopped; copying what changed",
+                      stopTime=ago(1)),
+        target("data", "Copying", again, rate=0),
+    )  # fmt: skip
+    assert again.endswith("its workload stops; trying again now"), again
+    assert f.cause.startswith("the volume is still open on node w1: pvc-data-old (open count 1)")
+
+
+def test_a_first_attempt_says_it_connects() -> None:
+    assert connecting(CopyStatus(), "w1") == "connecting to node w1"
+    assert connecting(CopyStatus(message="copying pvc-x from w1"), "w1") == "connecting to node w1"
 
 
 # -- verification (docs/mobility.md, "Verified before the source goes") --------------------

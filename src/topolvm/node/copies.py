@@ -30,7 +30,7 @@ from topolvm.k8s import api
 from topolvm.k8s import errors as kube
 from topolvm.k8s.lvobject import CopyPhase, CopyStatus, LogicalVolumeObject
 from topolvm.k8s.stamps import now
-from topolvm.node.copyreport import CopyReporter, Run, SourceGone
+from topolvm.node.copyreport import CopyReporter, Run, SourceGone, connecting
 from topolvm.node.volumes import Cuts, LvmdVolumes
 from topolvm.transfer import client, messages, pipeline, plan
 from topolvm.transfer.auth import older_sender
@@ -207,7 +207,7 @@ class CopyJobs:
             source_node=source.node_name,
             attempts=prior.attempts + 1,
             start_time=prior.start_time or now(),
-            message=f"connecting to node {source.node_name}",
+            message=connecting(prior, source.node_name),
         )
         await self.report.write(lv, status)
         run = Run(lv, status, time.monotonic(), prior.transferred_bytes)

@@ -48,6 +48,15 @@ class Run:
     last_event_quarter: int = 0
 
 
+def connecting(prior: CopyStatus, source_node: str) -> str:
+    """The message while an attempt connects: a retry keeps what it waited for, so a reader
+    between two attempts (topolvm doctor, a test) still sees why the copy waits, until the
+    source accepts and the message says it copies."""
+    if prior.message.startswith("waiting: "):
+        return prior.message.split("; next try")[0] + "; trying again now"
+    return f"connecting to node {source_node}"
+
+
 class CopyReporter:
     def __init__(
         self, client: AsyncClient, names: Names, node: str, metrics: TransferMetrics
