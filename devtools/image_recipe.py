@@ -89,6 +89,7 @@ truststore==0.10.5
 typing-extensions==4.16.0
 xxhash==4.1.0
 yarl==1.25.1
+zstandard==0.25.0
 """
 # What builds this project's wheel (pyproject's [build-system] closure), pinned too: protoc from
 # grpcio-tools writes the generated modules. Resolved with ``pip install --dry-run --report``.

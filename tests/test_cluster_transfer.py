@@ -78,8 +78,11 @@ def _pool(node: UmlNode) -> None:
 def abc_nodes(
     control_plane: ControlPlane, driver: DriverStack, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[UmlNode]]:
+    # every node compresses what it sends: the copies and moves here travel as ZDATA where
+    # their data compresses (a filesystem's metadata), as DATA where it does not (random bytes)
     with shared_nodes(control_plane, tmp_path_factory.mktemp("xfer"), "xfer", [8, 8, 8],
-                      [THICK, THIN], prepare=_pool) as nodes:  # fmt: skip
+                      [THICK, THIN], prepare=_pool,
+                      extra=("--transfer-compression=zstd",)) as nodes:  # fmt: skip
         yield nodes
 
 
@@ -121,6 +124,10 @@ async def test_a_thin_snapshot_restores_on_another_node_sending_only_its_blocks(
     # the mapped blocks: the data written, the filesystem's metadata and log; not the GiB
     assert 96 * MiB <= sent <= 0.2 * GiB, sent
     assert target.copy.transferred_bytes == sent
+    # compressed where it shrinks (the filesystem's metadata), the random data as it is
+    assert 96 * MiB <= target.copy.wire_bytes < sent, (target.copy.wire_bytes, sent)
+    # the CPU a GiB cost on each side (status.copy), a figure a node of this release reports
+    assert target.copy.sender_cpu_ms_per_gib > 0 and target.copy.receiver_cpu_ms_per_gib > 0
     await lvs_accounted(s, "the restore")
 
 

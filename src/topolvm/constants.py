@@ -106,6 +106,14 @@ class Names:
         return f"{self.plugin}/transfer-cert-sha256"
 
     @property
+    def transfer_features_annotation(self) -> str:
+        """On a Node: the HELLO features its transfer port honours, after the first 16 hex
+        digits of its certificate's fingerprint: ``<fp16>:sender-cpu,zstd`` (``zstd`` when it
+        compresses). Absent on a release that reads none; one left by an earlier start of
+        another release names an old fingerprint and is ignored (``transfer.features``)."""
+        return f"{self.plugin}/transfer-features"
+
+    @property
     def snapshot_placement_param(self) -> str:
         """VolumeSnapshotClass parameter: ``source-node`` (the default) or ``other-node``."""
         return f"{self.plugin}/snapshot-placement"

@@ -68,6 +68,12 @@ def _copy_status() -> dict[str, Any]:
             "completionTime": {"type": "string", "format": "date-time"},
             "round": {"type": "integer", "format": "int32",
                       "description": "The spec.copy.round this status is of."},
+            "wireBytes": _int64("Data payload bytes on the wire, over every attempt: below "
+                                "transferredBytes by what compression saved."),
+            "senderCPUMillisPerGiB": _int64("CPU milliseconds the sender spent per GiB of data "
+                                            "in the last attempt (of 64 MiB or more)."),
+            "receiverCPUMillisPerGiB": _int64("CPU milliseconds the receiver spent per GiB of "
+                                              "data in the last attempt (of 64 MiB or more)."),
         },
     }  # fmt: skip
 

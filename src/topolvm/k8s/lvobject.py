@@ -104,6 +104,9 @@ class CopyStatus:
     start_time: str = ""
     completion_time: str = ""
     round: int = 0  # the spec.copy.round this status is of (0: the first)
+    wire_bytes: int = 0  # DATA payload on the wire over every attempt (compressed: fewer)
+    sender_cpu_ms_per_gib: int = 0  # the last attempt's CPU per GiB of data, on each side
+    receiver_cpu_ms_per_gib: int = 0
 
     _KEYS = (("phase", "phase"), ("message", "message"), ("source_node", "sourceNode"),
              ("source_id", "sourceID"), ("total_bytes", "totalBytes"),
@@ -111,7 +114,9 @@ class CopyStatus:
              ("bytes_per_second", "bytesPerSecond"), ("attempts", "attempts"),
              ("resumed_from", "resumedFrom"), ("digest", "digest"),
              ("start_time", "startTime"), ("completion_time", "completionTime"),
-             ("round", "round"))  # fmt: skip
+             ("round", "round"), ("wire_bytes", "wireBytes"),
+             ("sender_cpu_ms_per_gib", "senderCPUMillisPerGiB"),
+             ("receiver_cpu_ms_per_gib", "receiverCPUMillisPerGiB"))  # fmt: skip
 
     @classmethod
     def from_dict(cls, raw: Any) -> CopyStatus | None:

@@ -183,6 +183,13 @@ def add_transfer_flags(p: argparse.ArgumentParser) -> None:
         help="bytes per second each copy may move (a quantity: 100Mi); 0: no limit (default)",
     )
     g.add_argument(
+        "--transfer-compression",
+        choices=("none", "zstd"),
+        default="none",
+        help="zstd: compress what this node sends (a fast level; a link slower than the disks "
+        "gains, data that does not compress is soon sent as it is); none (default)",
+    )
+    g.add_argument(
         "--transfer-io-timeout",
         type=positive_seconds,
         default=30.0,
@@ -241,7 +248,8 @@ def transfer_from_args(args: argparse.Namespace) -> TransferOptions:
             f"--transfer-token-expiration must be 600 or more (the API server's least), got "
             f"{args.transfer_token_expiration}"
         )
-    limits = Limits(args.transfer_max_copies, args.transfer_bandwidth, args.transfer_io_timeout)
+    limits = Limits(args.transfer_max_copies, args.transfer_bandwidth, args.transfer_io_timeout,
+                    compress=args.transfer_compression == "zstd")  # fmt: skip
     return TransferOptions(address=args.transfer_bind_address,
                            advertise=args.transfer_advertise_address,
                            legacy_token_file=args.transfer_token_file or "", peers=tuple(peers),

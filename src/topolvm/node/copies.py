@@ -200,6 +200,7 @@ class CopyJobs:
             else messages.Resume(
                 offset=resume.offset, digest=resume.digest.hex(), source_id=resume.source_id
             ),
+            features=tuple(sorted(endpoint.features)),
         )
         status = replace(
             prior,
@@ -247,7 +248,7 @@ class CopyJobs:
                           f"{source.node_name}'s transfer port alone; a topolvm-node of an older "
                           "release there accepts only the audience topolvm-transfer that nodes "
                           "used to share: upgrade it)") from r  # fmt: skip
-        await self.report.done(run, outcome.digest, outcome.accept.source)
+        await self.report.done(run, outcome.digest, outcome.accept.source, outcome)
 
     async def _local(
         self, lv: LogicalVolumeObject, source: LogicalVolumeObject, target: VolumeInfo,
@@ -358,7 +359,9 @@ class CopyJobs:
                 f"node {node} publishes no transfer endpoint: its topolvm-node does not run, "
                 "or runs without the transfer port"
             )
-        return client.Endpoint(node, host.strip("[]"), int(port), fingerprint)
+        published = ann.get(self.names.transfer_features_annotation, "")
+        offered = messages.honoured(published, fingerprint)
+        return client.Endpoint(node, host.strip("[]"), int(port), fingerprint, offered)
 
 
 def _log_failure(future: concurrent.futures.Future[None]) -> None:

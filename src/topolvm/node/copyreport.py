@@ -27,6 +27,9 @@ from topolvm.units import human
 log = logging.getLogger(__name__)
 
 
+CPU_FIGURE_BYTES = 64 << 20  # the least data of an attempt whose CPU per GiB is reported
+
+
 class CheckpointFailed(TransferError):
     """A checkpoint could not be written to status (the API server did not answer)."""
 
@@ -55,6 +58,18 @@ def connecting(prior: CopyStatus, source_node: str) -> str:
     if prior.message.startswith("waiting: "):
         return prior.message.split("; next try")[0] + "; trying again now"
     return f"connecting to node {source_node}"
+
+
+def cpu_per_gib(outcome: client.Outcome) -> tuple[int, int]:
+    """``status.copy``'s CPU figures of an attempt, sender's and receiver's: milliseconds per
+    GiB of data, 0 when unknown or when too little data travelled for the figure to mean
+    anything."""
+    if outcome.data_bytes < CPU_FIGURE_BYTES:
+        return 0, 0
+    gib = outcome.data_bytes / (1 << 30)
+    sender = outcome.sender_cpu_seconds
+    return (0 if sender is None else round(sender * 1000 / gib),
+            round(outcome.cpu_seconds * 1000 / gib))  # fmt: skip
 
 
 class CopyReporter:
@@ -148,7 +163,10 @@ class CopyReporter:
 
         return progress
 
-    async def done(self, run: Run, digest: bytes, source: str) -> None:
+    async def done(
+        self, run: Run, digest: bytes, source: str, outcome: client.Outcome | None = None
+    ) -> None:
+        """``outcome``: a remote copy's, with what travelled on the wire and the CPU spent."""
         elapsed = time.monotonic() - run.started
         total = run.status.total_bytes or run.position
         status = replace(
@@ -160,6 +178,14 @@ class CopyReporter:
             transferred_bytes=run.base_transferred + run.data,
             message=f"copied from {source} and verified",
         )
+        if outcome is not None:
+            sender, receiver = cpu_per_gib(outcome)
+            status = replace(status, wire_bytes=status.wire_bytes + outcome.wire_bytes,
+                             sender_cpu_ms_per_gib=sender,
+                             receiver_cpu_ms_per_gib=receiver)  # fmt: skip
+            self.metrics.cpu("receiver", outcome.cpu_seconds)
+            self.metrics.moved("receiver", outcome.data_bytes, outcome.zero_bytes,
+                               outcome.keep_bytes, wire=outcome.wire_bytes)  # fmt: skip
         await self.write(run.lv, status)
         self.metrics.job_ended(run.lv.name)
         self.metrics.finished.labels(self.node, "receiver", "succeeded").inc()

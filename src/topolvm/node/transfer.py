@@ -77,8 +77,12 @@ class TransferService:
         endpoint = f"{advertise}:{self.server.port}"
         if ":" in advertise:
             endpoint = f"[{advertise}]:{self.server.port}"
+        features = [messages.SENDER_CPU] + ([messages.COMPRESS] if self.server.limits.compress
+                                            else [])  # fmt: skip
         ann = {self.names.transfer_endpoint_annotation: endpoint,
-               self.names.transfer_cert_annotation: self.server.fingerprint}  # fmt: skip
+               self.names.transfer_cert_annotation: self.server.fingerprint,
+               self.names.transfer_features_annotation:
+                   messages.publish_features(self.server.fingerprint, features)}  # fmt: skip
         patch = {"metadata": {"annotations": ann}}
         # transient API trouble at start-up is waited out, not a reason to fail the daemon
         what = f"publishing the transfer endpoint on Node {self.node}"

@@ -8,6 +8,9 @@ writes it to the LogicalVolume's status) before the sender hears of it: a checkp
 sender knows is always durable. After END the counts and the whole-volume digest are checked;
 the final acknowledgement tells the sender the copy is complete.
 
+A HELLO whose ``features`` ask for compression gets ZDATA records as well as DATA: each is
+decompressed and checked to fill exactly its range before it is written (:mod:`.compress`).
+
 An ACCEPT that says ``delta`` streams only what differs from a base the target holds already
 (the job's earlier copy): KEEP records leave the target's bytes, zeros are all written, and
 the target is never discarded.
@@ -17,11 +20,13 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from topolvm.transfer import messages, wire
 from topolvm.transfer.blockio import Volume, aligned
+from topolvm.transfer.compress import Decompressor
 from topolvm.transfer.conn import Conn, raise_if_refused
 from topolvm.transfer.errors import ConnectionLost, CopyImpossible, ProtocolError, Unreachable
 from topolvm.transfer.jobs import VolumeInfo
@@ -45,6 +50,7 @@ class Endpoint:
     host: str
     port: int
     fingerprint: str
+    features: frozenset[str] = frozenset()  # the HELLO features the sender honours
 
 
 @dataclass
@@ -54,6 +60,9 @@ class Outcome:
     data_bytes: int  # DATA payload received in this connection
     zero_bytes: int
     keep_bytes: int = 0  # a delta's ranges the target held already
+    wire_bytes: int = 0  # DATA and ZDATA payload received (below data_bytes when compressed)
+    cpu_seconds: float = 0.0  # this side's, for the stream
+    sender_cpu_seconds: float | None = None  # the sender's, when its END said
 
 
 Persist = Callable[[Checkpoint], None]
@@ -122,18 +131,28 @@ def _fill(
         persist(Checkpoint(offset, digest, accept.source_id))
         conn.send_message(messages.Ack(offset=offset, digest=digest.hex()))
 
+    began = time.thread_time()
+    compressed = messages.COMPRESS in hello.features
+    unpack = Decompressor() if compressed else None
+    plain = aligned(wire.SEGMENT) if compressed else None
+    wire_bytes = 0
     volume = Volume(target.path, writable=True)
     try:
         sink = RecordSink(volume, accept.size, target.size, target.chunk, checkpoint,
                           accept.offset, state, fresh=fresh, delta=accept.delta)  # fmt: skip
         sink.on_progress = lambda position: progress(position, accept.size, sink.counts.data_bytes)
-        payload = aligned(wire.SEGMENT)  # page-aligned: written with O_DIRECT
+        # page-aligned: written with O_DIRECT
+        payload = aligned(wire.MAX_PAYLOAD if compressed else wire.SEGMENT)
         while True:
             if stop.is_set():
                 raise ConnectionLost("the copy was stopped")
             header, body = conn.recv(payload)
             if header.kind is wire.Kind.DATA:
+                wire_bytes += len(body)
                 sink.data(header.offset, body)
+            elif header.kind is wire.Kind.ZDATA and unpack is not None and plain is not None:
+                wire_bytes += len(body)
+                sink.data(header.offset, unpack.decompress(body, header.length, plain))
             elif header.kind is wire.Kind.ZERO:
                 sink.zero(header.offset, header.length)
             elif header.kind is wire.Kind.KEEP:
@@ -144,7 +163,8 @@ def _fill(
                 conn.send_message(messages.Ack(offset=accept.size, digest=digest.hex()))
                 counts = sink.counts
                 return Outcome(accept, digest, counts.data_bytes, counts.zero_bytes,
-                               counts.keep_bytes)  # fmt: skip
+                               counts.keep_bytes, wire_bytes, time.thread_time() - began,
+                               end.sender_cpu_ms / 1000 if end.sender_cpu_ms else None)  # fmt: skip
             else:
                 raise_if_refused(header, body)
                 raise ProtocolError(f"unexpected {header.kind.name} in the stream")

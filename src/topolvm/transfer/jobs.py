@@ -62,9 +62,11 @@ Authorise = Callable[[messages.Hello], Awaitable[Job]]
 @dataclass(frozen=True)
 class Limits:
     """Per node: ``concurrency`` copies at once in each direction, ``bandwidth`` bytes per
-    second per copy (0: no cap), ``io_timeout`` seconds without a byte before a connection is
-    given up."""
+    second per copy (0: no cap, counted on the wire), ``io_timeout`` seconds without a byte
+    before a connection is given up; ``compress``: the sender compresses DATA records for a
+    receiver that can read them (:mod:`.compress`)."""
 
     concurrency: int = 2
     bandwidth: int = 0
     io_timeout: float = 30.0
+    compress: bool = False

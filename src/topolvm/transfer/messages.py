@@ -28,6 +28,28 @@ Uid = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}
 SourceId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9-]{1,64}$")]
 Token = Annotated[str, msgspec.Meta(min_length=1, max_length=16384)]
 Text = Annotated[str, msgspec.Meta(max_length=4096)]
+FeatureName = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9-]{1,32}$")]
+Features = Annotated[tuple[FeatureName, ...], msgspec.Meta(max_length=16)]
+COMPRESS = "zstd"
+"""A receiver's feature: it decodes ZDATA records (:mod:`.compress`)."""
+SENDER_CPU = "sender-cpu"
+"""A receiver's feature: its END may say the sender's CPU time (``End.sender_cpu_ms``)."""
+FEATURES = frozenset({COMPRESS, SENDER_CPU})
+
+
+def publish_features(fingerprint: str, features: list[str]) -> str:
+    """What a sender's Node says it honours (``Names.transfer_features_annotation``)."""
+    return f"{fingerprint[:16].lower()}:{','.join(features)}"
+
+
+def honoured(published: str, fingerprint: str) -> frozenset[str]:
+    """The features a receiver may ask of the sender whose Node says ``published`` and whose
+    certificate is ``fingerprint``: none when the annotation is of another start (an older
+    release restarted there reads no feature), and only those this release knows."""
+    prefix, sep, names = published.partition(":")
+    if not sep or len(prefix) != 16 or prefix != fingerprint[:16].lower():
+        return frozenset()
+    return frozenset(names.split(",")) & FEATURES
 
 
 class _Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -43,15 +65,20 @@ class Resume(_Message, frozen=True):
     source_id: SourceId
 
 
-class Hello(_Message, frozen=True):
+class Hello(_Message, frozen=True, omit_defaults=True):
     """The receiver's first frame: who it is (a ServiceAccount token for the transfer's
-    audience) and which job it asks for: the target LogicalVolume, by name and UID."""
+    audience) and which job it asks for: the target LogicalVolume, by name and UID.
+
+    ``features``: what the receiver understands beyond version 1 (:data:`FEATURES`; a sender
+    ignores names it does not know). A receiver sends it only to a sender whose Node publishes
+    that it reads it (an older sender refuses a field it does not know)."""
 
     version: int
     token: Token
     job: ObjectName
     job_uid: Uid
     resume: Resume | None = None
+    features: Features = ()
 
 
 class Accept(_Message, frozen=True, omit_defaults=True):
@@ -91,6 +118,7 @@ class End(_Message, frozen=True, omit_defaults=True):
     digest: Hex256
     keep_records: Count = 0
     keep_bytes: Count = 0
+    sender_cpu_ms: Count = 0  # the stream's CPU time on the sender (feature SENDER_CPU only)
 
 
 class Fail(_Message, frozen=True):

@@ -30,6 +30,20 @@ class TransferMetrics:
             ["node", "role"],
             registry=registry,
         )
+        self.wire_bytes = Counter(
+            "topolvm_transfer_wire_bytes",
+            "Bytes of DATA and ZDATA payload on the wire: below topolvm_transfer_data_bytes by "
+            "what compression saved.",
+            ["node", "role"],
+            registry=registry,
+        )
+        self.cpu_seconds = Counter(
+            "topolvm_transfer_cpu_seconds",
+            "CPU time of the copies' streams (reading, hashing, TLS, compression, writing); "
+            "divided by topolvm_transfer_data_bytes, the CPU a GiB costs.",
+            ["node", "role"],
+            registry=registry,
+        )
         self.active = Gauge(
             "topolvm_transfer_copies_active",
             "Copies running now.",
@@ -91,13 +105,21 @@ class TransferMetrics:
             registry=registry,
         )
 
-    def moved(self, role: str, data: int, zero: int, keep: int = 0) -> None:
+    def moved(self, role: str, data: int, zero: int, keep: int = 0, wire: int = -1) -> None:
+        """Volume bytes covered; ``wire``: the DATA payload's bytes on the wire (-1: ``data``,
+        uncompressed)."""
         if data:
             self.data_bytes.labels(self.node, role).inc(data)
+        if data or wire > 0:
+            self.wire_bytes.labels(self.node, role).inc(data if wire < 0 else wire)
         if zero:
             self.zero_bytes.labels(self.node, role).inc(zero)
         if keep:
             self.keep_bytes.labels(self.node, role).inc(keep)
+
+    def cpu(self, role: str, seconds: float) -> None:
+        if seconds > 0:
+            self.cpu_seconds.labels(self.node, role).inc(seconds)
 
     def job(self, lv: str, done: int, total: int, rate: float) -> None:
         self.progress.labels(self.node, lv).set(done)

@@ -33,15 +33,19 @@ import contextlib
 import logging
 import ssl
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from topolvm.transfer import messages, plan, wire
 from topolvm.transfer.auth import CALLER
 from topolvm.transfer.blockio import Volume
+from topolvm.transfer.compress import Compressor
 from topolvm.transfer.conn import Conn
 from topolvm.transfer.door import Door, PortLimits
 from topolvm.transfer.errors import (
@@ -204,7 +208,7 @@ class TransferServer:
         slot: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._streams[job.uid] = (stop, slot, conn)
         try:
-            await self._send(conn, job, hello.resume, stop, ctx)
+            await self._send(conn, job, hello, stop, ctx)
         finally:
             stop.set()
             slot.set_result(None)
@@ -212,9 +216,10 @@ class TransferServer:
                 del self._streams[job.uid]
 
     async def _send(
-        self, conn: Conn, job: Job, resume: messages.Resume | None, stop: threading.Event,
+        self, conn: Conn, job: Job, hello: messages.Hello, stop: threading.Event,
         ctx: dict[str, Any],
     ) -> None:  # fmt: skip
+        resume = hello.resume
         reading = await self._reading(job)
         info = reading.source
         memory = self._memory.get(job.uid)
@@ -240,7 +245,15 @@ class TransferServer:
             "transfer accepted", extra={**ctx, "offset": start, "size": info.size, "note": note}
         )
         future = asyncio.get_running_loop().run_in_executor(
-            self._pool, self._stream, conn, reading, accept, state, memory, stop
+            self._pool,
+            self._stream,
+            conn,
+            reading,
+            accept,
+            state,
+            memory,
+            stop,
+            frozenset(hello.features),
         )
         self.metrics.active.labels(self.node, "sender").inc()
         result = "failed"
@@ -281,9 +294,15 @@ class TransferServer:
 
     def _stream(
         self, conn: Conn, reading: Reading, accept: messages.Accept, state: bytes | None,
-        memory: JobMemory, stop: threading.Event,
+        memory: JobMemory, stop: threading.Event, features: frozenset[str] = frozenset(),
     ) -> None:  # fmt: skip
+        """Stream the source; ``features``: what the receiver's HELLO asked for (ZDATA records
+        when this node compresses too, its CPU time in END)."""
+        began = time.thread_time()
         info = reading.source
+        compressor = (
+            Compressor() if self.limits.compress and messages.COMPRESS in features else None
+        )
         volume: Volume | None = None
         base: Volume | None = None
         try:
@@ -301,16 +320,23 @@ class TransferServer:
                 if stop.is_set():
                     raise TransferError("stopped: the job connected again, or the node stops")
                 if kind is wire.Kind.DATA:
-                    throttle.take(length, stop)
-                    conn.send_frame(wire.pack_header(kind, offset, length, payload), payload)
-                    self.metrics.moved("sender", length, 0)
+                    packed = compressor.compress(payload) if compressor is not None else None
+                    sent = payload if packed is None else memoryview(packed)
+                    kind = wire.Kind.DATA if packed is None else wire.Kind.ZDATA  # noqa: PLW2901
+                    throttle.take(len(sent), stop)
+                    conn.send_frame(wire.pack_header(kind, offset, length, sent), sent)
+                    self.metrics.moved("sender", length, 0, wire=len(sent))
                 else:
                     conn.send(wire.pack_header(kind, offset, length, b""))
                     keep = kind is wire.Kind.KEEP
                     self.metrics.moved("sender", 0, 0 if keep else length, length if keep else 0)
                 while conn.readable():
                     self._acknowledged(conn, memory, scratch)
-            conn.send_message(source.end())
+            end = source.end()
+            if messages.SENDER_CPU in features:
+                spent = int((time.thread_time() - began) * 1000)
+                end = msgspec.structs.replace(end, sender_cpu_ms=spent)
+            conn.send_message(end)
             # the receiver's last word: its acknowledgement of the volume's end (checkpoints
             # still on their way come first), or a FAIL
             while self._acknowledged(conn, memory, scratch) < info.size:
@@ -325,6 +351,7 @@ class TransferServer:
                 raise
             raise SourceFailed(f"reading {info.path}: {e}") from e
         finally:
+            self.metrics.cpu("sender", time.thread_time() - began)
             for opened in (volume, base):
                 if opened is not None:
                     opened.close()

@@ -7,9 +7,11 @@ Every frame is a 36-byte header and a payload::
 
 big-endian. ``checksum`` is XXH3-64 of the first 28 header bytes and the payload, so a flipped
 bit in an offset is caught as surely as one in the data. ``offset`` and ``length`` are the
-volume range a DATA, ZERO or KEEP record covers (ZERO and KEEP have no payload: zeros, and, in a
-delta copy, bytes the receiver holds already and leaves as they are); control frames (HELLO,
-ACCEPT, REFUSE, ACK, END, FAIL) carry a JSON payload (:mod:`.messages`) and zero in both.
+volume range a DATA, ZDATA, ZERO or KEEP record covers (ZERO and KEEP have no payload: zeros,
+and, in a delta copy, bytes the receiver holds already and leaves as they are; ZDATA carries
+the range's bytes as one zstd frame, sent only to a receiver that asked for it:
+:mod:`.compress`); control frames (HELLO, ACCEPT, REFUSE, ACK, END, FAIL) carry a JSON payload
+(:mod:`.messages`) and zero in both.
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ HEADER_SIZE = _HEAD.size + _CHECK.size  # 36
 SEGMENT = 1 << 20
 """The digest's segment, and the largest DATA payload: a DATA record never crosses a
 segment boundary (``offset // SEGMENT == (offset + length - 1) // SEGMENT``)."""
+MAX_ZDATA = SEGMENT + (SEGMENT >> 7) + 4096
+"""The largest ZDATA payload: above zstd's bound for a segment (a sender sends a segment that
+does not shrink as DATA anyway)."""
+MAX_PAYLOAD = MAX_ZDATA
+"""A buffer this large receives any record's payload."""
 MAX_CONTROL = 64 << 10
 """The largest control payload (a HELLO with its token is a few KiB)."""
 MAX_VOLUME = 1 << 62  # no LV is larger; offsets past it are malformed
@@ -43,11 +50,14 @@ class Kind(enum.IntEnum):
     ACK = 7
     FAIL = 8
     KEEP = 9
+    ZDATA = 10
 
 
 CONTROL = frozenset({Kind.HELLO, Kind.ACCEPT, Kind.REFUSE, Kind.END, Kind.ACK, Kind.FAIL})
-RECORDS = frozenset({Kind.DATA, Kind.ZERO, Kind.KEEP})
+RECORDS = frozenset({Kind.DATA, Kind.ZDATA, Kind.ZERO, Kind.KEEP})
 _EMPTY = frozenset({Kind.ZERO, Kind.KEEP})  # a volume range without a payload
+_CARRIED = frozenset({Kind.DATA, Kind.ZDATA})  # a volume range with its bytes
+_LIMITS = {Kind.DATA: SEGMENT, Kind.ZDATA: MAX_ZDATA, Kind.ZERO: 0, Kind.KEEP: 0}
 
 
 def _checksum(head: bytes | memoryview, payload: bytes | memoryview) -> int:
@@ -87,18 +97,21 @@ class Header:
             raise ProtocolError(f"unknown frame kind {kind}") from None
         if flags or reserved:
             raise ProtocolError(f"unsupported frame flags {flags:#x}/{reserved:#x}")
-        limit = SEGMENT if self.kind is Kind.DATA else (0 if self.kind in _EMPTY else MAX_CONTROL)
+        limit = _LIMITS.get(self.kind, MAX_CONTROL)
         if payload_len > limit:
             raise ProtocolError(f"{self.kind.name} payload of {payload_len} bytes (max {limit})")
         if self.kind in CONTROL and (offset or length):
             raise ProtocolError(f"{self.kind.name} frame with a volume range")
         if offset >= MAX_VOLUME or length >= MAX_VOLUME:
             raise ProtocolError(f"{self.kind.name} range {offset}+{length} is out of bounds")
-        if self.kind is Kind.DATA:
-            if length != payload_len or length == 0:
-                raise ProtocolError(f"DATA covers {length} bytes but carries {payload_len}")
+        if self.kind is Kind.DATA and length != payload_len:
+            raise ProtocolError(f"DATA covers {length} bytes but carries {payload_len}")
+        if self.kind in _CARRIED:
+            if length == 0 or payload_len == 0:
+                raise ProtocolError(f"{self.kind.name} record of no bytes")
             if offset // SEGMENT != (offset + length - 1) // SEGMENT:
-                raise ProtocolError(f"DATA {offset}+{length} crosses a segment boundary")
+                raise ProtocolError(f"{self.kind.name} {offset}+{length} crosses a segment "
+                                    "boundary")  # fmt: skip
         if self.kind in _EMPTY and length == 0:
             raise ProtocolError(f"{self.kind.name} record of no bytes")
         self._raw = bytes(raw[: _HEAD.size])

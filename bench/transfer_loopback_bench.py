@@ -1,0 +1,191 @@
+"""``make bench``: the copy's own cost on the host, over loopback (docs/mobility.md,
+"Performance"), apart from UML's: the real sender and receiver (TLS 1.3, the token step
+stubbed), files standing in for the volumes, in one process.
+
+1. A copy of ``--gib`` GiB of random bytes: its rate and the CPU seconds per GiB on each side
+   (each side's stream thread: what ``status.copy`` reports). Targets: >= 1.1 GB/s (10 GbE line
+   rate) and <= 0.8 CPU-s/GiB on each side.
+2. Compression on a slow link: the same size of log-like data (compresses about 5:1), sent
+   through a sender capped at ``--link-mib`` MiB/s on the wire, with ``--transfer-compression
+   zstd`` and without. Target: the compressed copy takes <= 0.5 of the plain one's time.
+3. Compression on data that does not compress (the random bytes): the compressing sender's CPU
+   per GiB against the plain sender's. Target: <= 1.2 (it soon stops trying).
+
+Results go to ``.cache/bench/transfer_loopback.json``; targets not met are marked OVER, never a
+failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.outcome import save
+from devtools import gobuild
+from topolvm.transfer import messages
+from topolvm.transfer.client import Endpoint, Outcome, receive
+from topolvm.transfer.jobs import Job, Limits, VolumeInfo
+from topolvm.transfer.metrics import TransferMetrics
+from topolvm.transfer.server import TransferServer
+
+MiB = 1 << 20
+GiB = 1 << 30
+RESULTS = gobuild.ROOT / ".cache" / "bench" / "transfer_loopback.json"
+UID = "0b4f5c7e-1111-4222-8333-123456789abc"
+TARGETS = {"gb_per_second": (">=", 1.1), "sender_cpu_per_gib": ("<=", 0.8),
+           "receiver_cpu_per_gib": ("<=", 0.8), "zstd_slow_link_time": ("<=", 0.5),
+           "zstd_incompressible_cpu": ("<=", 1.2)}  # fmt: skip
+
+
+class Files:
+    """The sender's volumes: files, read whole."""
+
+    def __init__(self, paths: dict[str, Path]) -> None:
+        self.paths = paths
+
+    async def describe(self, name: str, device_class: str, with_uuid: bool = False) -> VolumeInfo:
+        path = self.paths[name]
+        return VolumeInfo(str(path), path.stat().st_size, False, 0, f"uuid-{name}")
+
+    async def mapped(self, name: str, device_class: str) -> list[tuple[int, int]] | None:
+        return None
+
+    async def changed(self, name: str, base: str, device_class: str,
+                      thin: bool = True) -> list[tuple[int, int]] | None:  # fmt: skip
+        return None
+
+
+def _random(path: Path, size: int) -> None:
+    with path.open("wb") as f:
+        for _ in range(size // (16 * MiB)):
+            f.write(os.urandom(16 * MiB))
+
+
+def _logs(path: Path, size: int) -> None:
+    rng = random.Random(1)
+    words = [f"{w} " for w in ("INFO", "WARN", "insert", "row", "commit", "fsync", "table",
+                               "checkpoint", "id=", "ms")]  # fmt: skip
+    block = bytearray()
+    while len(block) < 16 * MiB:
+        line = "".join(rng.choice(words) for _ in range(10)) + f"{rng.randrange(10**6)}\n"
+        block += line.encode()
+    with path.open("wb") as f:
+        for i in range(size // (16 * MiB)):
+            f.write(bytes(block[i % 7 :][: 16 * MiB]).ljust(16 * MiB, b"\n"))
+
+
+async def _copy(source: str, files: Files, target: Path, limits: Limits,
+                features: tuple[str, ...]) -> tuple[float, Outcome]:  # fmt: skip
+    async def authorise(hello: messages.Hello) -> Job:
+        return Job(UID, "pvc-target", "node-b", source, "ssd", source)
+
+    server = TransferServer("node-a", authorise, files, limits, TransferMetrics(None, "node-a"))
+    await server.start("127.0.0.1", 0)
+    try:
+        endpoint = Endpoint("node-a", "127.0.0.1", server.port, server.fingerprint)
+        size = files.paths[source].stat().st_size
+        info = VolumeInfo(str(target), size, False, 0, "t")
+        hello = messages.Hello(version=1, token="t", job="pvc-target", job_uid=UID,
+                               features=features)  # fmt: skip
+        began = time.monotonic()
+        outcome = await asyncio.to_thread(
+            lambda: receive(endpoint, hello, info, lambda c: None, lambda *a: None,
+                            threading.Event(), 60.0)
+        )  # fmt: skip
+        took = time.monotonic() - began
+        ended = server.metrics.finished.labels("node-a", "sender", "succeeded")
+        for _ in range(100):  # the sender reads the receiver's last ACK before it ends
+            if ended._value.get():
+                break
+            await asyncio.sleep(0.05)
+        return took, outcome
+    finally:
+        await server.stop()
+
+
+def _cpu(outcome: Outcome) -> tuple[float, float]:
+    gib = outcome.data_bytes / GiB
+    return (outcome.sender_cpu_seconds or 0.0) / gib, outcome.cpu_seconds / gib
+
+
+async def measure(workdir: Path, size: int, rounds: int, link: int) -> dict[str, Any]:
+    files = Files({"random": workdir / "random", "logs": workdir / "logs"})
+    _random(files.paths["random"], size)
+    _logs(files.paths["logs"], size)
+    target = workdir / "target"
+    target.write_bytes(b"")
+    os.truncate(target, size)
+    ask = (messages.SENDER_CPU, messages.COMPRESS)
+    plain, zstd_random, slow_plain, slow_zstd = [], [], [], []
+    for _ in range(rounds):
+        plain.append(await _copy("random", files, target, Limits(), ask))
+        zstd_random.append(await _copy("random", files, target, Limits(compress=True), ask))
+        slow_plain.append(await _copy("logs", files, target, Limits(bandwidth=link), ask))
+        slow_zstd.append(
+            await _copy("logs", files, target, Limits(bandwidth=link, compress=True), ask)
+        )
+    med = statistics.median
+    seconds = med(t for t, _ in plain)
+    sender = med(_cpu(o)[0] for _, o in plain)
+    receiver = med(_cpu(o)[1] for _, o in plain)
+    zstd_sender = med(_cpu(o)[0] for _, o in zstd_random)
+    wire = med(o.wire_bytes / o.data_bytes for _, o in slow_zstd)
+    return {
+        "size_bytes": size, "rounds": rounds, "link_bytes_per_second": link,
+        "plain_seconds": [t for t, _ in plain],
+        "ratios": {
+            "gb_per_second": size / seconds / 1e9,
+            "sender_cpu_per_gib": sender,
+            "receiver_cpu_per_gib": receiver,
+            "zstd_slow_link_time": med(t for t, _ in slow_zstd) / med(t for t, _ in slow_plain),
+            "zstd_incompressible_cpu": zstd_sender / sender,
+        },
+        "zstd_wire_share": wire,
+        "zstd_receiver_cpu_per_gib": med(_cpu(o)[1] for _, o in slow_zstd),
+        "zstd_sender_cpu_per_gib": med(_cpu(o)[0] for _, o in slow_zstd),
+    }  # fmt: skip
+
+
+def report(results: dict[str, Any]) -> None:
+    r = results["ratios"]
+    print(f"\n== the copy over loopback, {results['size_bytes'] / GiB:g} GiB, medians of "
+          f"{results['rounds']} rounds (docs/mobility.md) ==")  # fmt: skip
+    for key, (sign, target) in TARGETS.items():
+        met = r[key] >= target if sign == ">=" else r[key] <= target
+        print(f"  {key}: {r[key]:.2f} (target {sign} {target}) {'ok' if met else 'OVER'}")
+    print(f"  zstd on log-like data: {results['zstd_wire_share']:.1%} of the bytes on the wire; "
+          f"CPU s/GiB sender {results['zstd_sender_cpu_per_gib']:.2f}, receiver "
+          f"{results['zstd_receiver_cpu_per_gib']:.2f}")  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gib", type=float, default=1.0, help="data per copy (default 1 GiB)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds (medians are reported)")
+    parser.add_argument("--link-mib", type=int, default=100,
+                        help="the slow link's MiB/s for step 2 (default 100)")  # fmt: skip
+    args = parser.parse_args()
+    size = max(16 * MiB, int(args.gib * GiB) // (16 * MiB) * (16 * MiB))
+    workdir = Path(tempfile.mkdtemp(prefix="transfer-loopback-", dir=gobuild.ROOT / ".cache"))
+    try:
+        results = asyncio.run(measure(workdir, size, args.rounds, args.link_mib * MiB))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    results["loadavg"] = list(os.getloadavg())
+    report(results)
+    save(RESULTS, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
