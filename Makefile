@@ -23,7 +23,7 @@ help:
 	@echo "make demo-lvmd - lvmd and topolvm-node alone inside User-Mode Linux (no control plane)"
 	@echo "make test   - ruff, mypy --strict and every pytest tier (unit, real LVM in UML, real control plane)"
 	@echo "make bench  - lvmd RPCs vs the bare LVM commands (inside UML), scheduler extender latency,"
-	@echo "              a node's idle cost, the node-to-node copy vs a local dd"
+	@echo "              a node's idle cost, the copy over loopback (rate, CPU, zstd) and node-to-node vs dd"
 
 deps: apt venv
 
@@ -112,7 +112,7 @@ image: deps umlkernel
 
 # Reports: a figure over its target is marked OVER. Every benchmark runs even if one fails to run;
 # make bench then fails at the end, naming it.
-BENCHES = lvmd_bench scheduler_bench controller_bench kubelet_bench idle_bench transfer_bench
+BENCHES = lvmd_bench scheduler_bench controller_bench kubelet_bench idle_bench transfer_loopback_bench transfer_bench
 bench: deps gotools umlkernel
 	@failed=""; for b in $(BENCHES); do $(PY) -m bench.$$b || failed="$$failed $$b"; done; \
 	if [ -n "$$failed" ]; then echo "failed:$$failed"; exit 1; fi
