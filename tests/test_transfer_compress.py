@@ -19,6 +19,7 @@ import zstandard
 from tests import test_transfer_stream as stream
 from tests.test_transfer_stream import MakeServer, Server, _target
 from topolvm.k8s.lvobject import CopyStatus
+from topolvm.node import copyreport
 from topolvm.node.copyreport import cpu_per_gib
 from topolvm.transfer import compress, messages, pipeline, wire
 from topolvm.transfer.client import Checkpoint, Endpoint, Outcome, receive
@@ -169,6 +170,11 @@ def test_a_zdata_payload_must_fill_exactly_its_range() -> None:
         d.decompress(memoryview(packed[:-4] + b"\0\0\0\0"), 4096, into)
     with pytest.raises(ProtocolError, match="a segment is"):
         d.decompress(memoryview(packed), 2 * MiB, memoryview(bytearray(2 * MiB)))
+    # bytes after the frame, or a second frame, are refused: one record, one frame
+    with pytest.raises(ProtocolError, match="does not decompress"):
+        d.decompress(memoryview(packed + b"junk"), 4096, into)
+    with pytest.raises(ProtocolError, match="does not decompress"):
+        d.decompress(memoryview(packed + packed), 4096, into)
     # a frame that does not say its size (a stream) is refused too
     unsized = zstandard.ZstdCompressor(write_content_size=False).compress(b"x" * 4096)
     with pytest.raises(ProtocolError, match="holds"):
@@ -183,8 +189,10 @@ def test_a_zdata_header_is_bounded_like_a_data_one() -> None:
         wire.Header(wire.pack_header(wire.Kind.ZDATA, MiB - 4096, 8192, body))
     with pytest.raises(ProtocolError, match="of no bytes"):
         wire.Header(wire.pack_header(wire.Kind.ZDATA, 0, 4096, b""))
+    with pytest.raises(ProtocolError, match="ZDATA covers 4096 bytes but carries 4096"):
+        wire.Header(wire.pack_header(wire.Kind.ZDATA, 0, 4096, b"z" * 4096))  # not smaller
     with pytest.raises(ProtocolError, match="payload of"):
-        wire.Header(wire.pack_header(wire.Kind.ZDATA, 0, 4096, b"z" * (wire.MAX_ZDATA + 1)))
+        wire.Header(wire.pack_header(wire.Kind.ZDATA, 0, MiB, b"z" * (MiB + 1)))
 
 
 class _OldHello(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -223,6 +231,9 @@ def test_status_copy_says_the_cpu_a_gib_cost_on_each_side_and_the_bytes_on_the_w
     older = Outcome(accept, b"", 512 * MiB, 0, cpu_seconds=0.4)  # its sender said nothing
     assert cpu_per_gib(older) == (0, 800)
     assert cpu_per_gib(Outcome(accept, b"", MiB, 0, cpu_seconds=0.4)) == (0, 0)  # too little
+    # a sender's word is bounded (the field is an int64 the API server checks)
+    liar = Outcome(accept, b"", 64 * MiB, 0, cpu_seconds=0.1, sender_cpu_seconds=10.0**7)
+    assert cpu_per_gib(liar) == (copyreport.CPU_FIGURE_MAX, 1600)
     status = CopyStatus(wire_bytes=128 * MiB, sender_cpu_ms_per_gib=600,
                         receiver_cpu_ms_per_gib=800)  # fmt: skip
     raw = status.to_dict()

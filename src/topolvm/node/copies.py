@@ -211,7 +211,8 @@ class CopyJobs:
             message=connecting(prior, source.node_name),
         )
         await self.report.write(lv, status)
-        run = Run(lv, status, time.monotonic(), prior.transferred_bytes)
+        run = Run(lv, status, time.monotonic(), prior.transferred_bytes,
+                  base_wire=prior.wire_bytes)  # fmt: skip
         loop = asyncio.get_running_loop()
         stop = threading.Event()
         timeout = self.options.limits.io_timeout
@@ -318,7 +319,8 @@ class CopyJobs:
                     resume.digest if resume else None,
                     fresh=prior.attempts == 0,
                 )
-                sink.on_progress = lambda pos: progress(pos, info.size, sink.counts.data_bytes)
+                counts = sink.counts
+                sink.on_progress = lambda pos: progress(pos, info.size, counts.data_bytes, 0)
                 return pipeline.copy_local(src, sink, stop, pipeline.Throttle(limits.bandwidth))
             finally:
                 reader.close()

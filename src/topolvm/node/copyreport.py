@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 
 CPU_FIGURE_BYTES = 64 << 20  # the least data of an attempt whose CPU per GiB is reported
+CPU_FIGURE_MAX = 10**7  # ms per GiB: a figure above (about 3 hours) is shown as this
 
 
 class CheckpointFailed(TransferError):
@@ -49,6 +50,8 @@ class Run:
     position: int = 0
     data: int = 0
     last_event_quarter: int = 0
+    base_wire: int = 0  # the wire bytes of earlier attempts, and of this one (remote copies)
+    wire: int = 0
 
 
 def connecting(prior: CopyStatus, source_node: str) -> str:
@@ -68,8 +71,11 @@ def cpu_per_gib(outcome: client.Outcome) -> tuple[int, int]:
         return 0, 0
     gib = outcome.data_bytes / (1 << 30)
     sender = outcome.sender_cpu_seconds
-    return (0 if sender is None else round(sender * 1000 / gib),
-            round(outcome.cpu_seconds * 1000 / gib))  # fmt: skip
+
+    def figure(seconds: float) -> int:  # a sender's word is bounded: the field is an int64
+        return min(round(seconds * 1000 / gib), CPU_FIGURE_MAX)
+
+    return 0 if sender is None else figure(sender), figure(outcome.cpu_seconds)
 
 
 class CopyReporter:
@@ -135,6 +141,7 @@ class CopyReporter:
             done_bytes=cp.offset,
             bytes_per_second=max(rate, 0),
             transferred_bytes=run.base_transferred + run.data,
+            wire_bytes=run.base_wire + run.wire,
         )
         await self.write(run.lv, run.status)
         total = run.status.total_bytes or 1
@@ -151,8 +158,8 @@ class CopyReporter:
     def progress(self, run: Run) -> client.Progress:
         last = [0.0]
 
-        def progress(position: int, size: int, data: int) -> None:
-            run.position, run.data = position, data
+        def progress(position: int, size: int, data: int, wire: int) -> None:
+            run.position, run.data, run.wire = position, data, wire
             now = time.monotonic()
             if now - last[0] >= 1.0:
                 last[0] = now
@@ -180,7 +187,7 @@ class CopyReporter:
         )
         if outcome is not None:
             sender, receiver = cpu_per_gib(outcome)
-            status = replace(status, wire_bytes=status.wire_bytes + outcome.wire_bytes,
+            status = replace(status, wire_bytes=run.base_wire + outcome.wire_bytes,
                              sender_cpu_ms_per_gib=sender,
                              receiver_cpu_ms_per_gib=receiver)  # fmt: skip
             self.metrics.cpu("receiver", outcome.cpu_seconds)

@@ -66,7 +66,8 @@ class Outcome:
 
 
 Persist = Callable[[Checkpoint], None]
-Progress = Callable[[int, int, int], None]  # position, size, data bytes received so far
+# position, size, data bytes received so far, and their bytes on the wire (less if compressed)
+Progress = Callable[[int, int, int, int], None]
 Accepted = Callable[[messages.Accept], None]
 
 
@@ -135,23 +136,24 @@ def _fill(
     compressed = messages.COMPRESS in hello.features
     unpack = Decompressor() if compressed else None
     plain = aligned(wire.SEGMENT) if compressed else None
-    wire_bytes = 0
     volume = Volume(target.path, writable=True)
     try:
         sink = RecordSink(volume, accept.size, target.size, target.chunk, checkpoint,
                           accept.offset, state, fresh=fresh, delta=accept.delta)  # fmt: skip
-        sink.on_progress = lambda position: progress(position, accept.size, sink.counts.data_bytes)
+        counts = sink.counts
+        sink.on_progress = lambda position: progress(position, accept.size, counts.data_bytes,
+                                                     counts.wire_bytes)  # fmt: skip
         # page-aligned: written with O_DIRECT
-        payload = aligned(wire.MAX_PAYLOAD if compressed else wire.SEGMENT)
+        payload = aligned(wire.SEGMENT)
         while True:
             if stop.is_set():
                 raise ConnectionLost("the copy was stopped")
             header, body = conn.recv(payload)
             if header.kind is wire.Kind.DATA:
-                wire_bytes += len(body)
+                counts.wire_bytes += len(body)
                 sink.data(header.offset, body)
             elif header.kind is wire.Kind.ZDATA and unpack is not None and plain is not None:
-                wire_bytes += len(body)
+                counts.wire_bytes += len(body)
                 sink.data(header.offset, unpack.decompress(body, header.length, plain))
             elif header.kind is wire.Kind.ZERO:
                 sink.zero(header.offset, header.length)
@@ -161,9 +163,8 @@ def _fill(
                 end = messages.decode(header.kind, body, messages.End)
                 digest = sink.end(end, sink.counts)  # synced: the copy is complete
                 conn.send_message(messages.Ack(offset=accept.size, digest=digest.hex()))
-                counts = sink.counts
                 return Outcome(accept, digest, counts.data_bytes, counts.zero_bytes,
-                               counts.keep_bytes, wire_bytes, time.thread_time() - began,
+                               counts.keep_bytes, counts.wire_bytes, time.thread_time() - began,
                                end.sender_cpu_ms / 1000 if end.sender_cpu_ms else None)  # fmt: skip
             else:
                 raise_if_refused(header, body)

@@ -65,8 +65,8 @@ class Decompressor:
 
     def decompress(self, payload: memoryview, length: int, into: memoryview) -> memoryview:
         """The ``length`` bytes of ``payload``, in ``into`` (a page-aligned buffer of at least
-        :data:`~.wire.SEGMENT` bytes: written with ``O_DIRECT``). Anything but exactly
-        ``length`` bytes is a :class:`ProtocolError`."""
+        :data:`~.wire.SEGMENT` bytes: written with ``O_DIRECT``). Anything but one frame of
+        exactly ``length`` bytes (bytes after it, a second frame) is a :class:`ProtocolError`."""
         if length > SEGMENT or len(into) < length:
             raise ProtocolError(f"ZDATA of {length} bytes (a segment is {SEGMENT})")
         try:
@@ -75,7 +75,8 @@ class Decompressor:
                 raise ProtocolError(
                     f"ZDATA frame holds {params.content_size} bytes, its record {length}"
                 )
-            data = self._z.decompress(payload, max_output_size=length)
+            data = self._z.decompress(payload, max_output_size=length, read_across_frames=False,
+                                      allow_extra_data=False)  # fmt: skip
         except zstandard.ZstdError as e:
             raise ProtocolError(f"ZDATA that does not decompress: {e}") from None
         if len(data) != length:

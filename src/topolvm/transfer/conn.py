@@ -42,7 +42,8 @@ class Conn:
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             # a frame goes out whole in one send: Nagle would hold its tail until the peer's
             # delayed ACK (a compressed record, smaller than the window, waited ~40 ms)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with contextlib.suppress(OSError):  # an optimisation: never a reason to fail
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if tls is None:
             self._obj: ssl.SSLObject | None = None
             self._in, self._out = ssl.MemoryBIO(), ssl.MemoryBIO()

@@ -28,7 +28,7 @@ Uid = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}
 SourceId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9-]{1,64}$")]
 Token = Annotated[str, msgspec.Meta(min_length=1, max_length=16384)]
 Text = Annotated[str, msgspec.Meta(max_length=4096)]
-FeatureName = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9-]{1,32}$")]
+FeatureName = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9-]{1,32}\Z")]
 Features = Annotated[tuple[FeatureName, ...], msgspec.Meta(max_length=16)]
 COMPRESS = "zstd"
 """A receiver's feature: it decodes ZDATA records (:mod:`.compress`)."""
@@ -118,7 +118,8 @@ class End(_Message, frozen=True, omit_defaults=True):
     digest: Hex256
     keep_records: Count = 0
     keep_bytes: Count = 0
-    sender_cpu_ms: Count = 0  # the stream's CPU time on the sender (feature SENDER_CPU only)
+    # the stream's CPU time on the sender (feature SENDER_CPU only), at most 10^10 ms
+    sender_cpu_ms: Annotated[int, msgspec.Meta(ge=0, le=10**10)] = 0
 
 
 class Fail(_Message, frozen=True):

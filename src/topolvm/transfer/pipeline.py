@@ -41,6 +41,7 @@ class Counts:
     zero_bytes: int = 0
     keep_records: int = 0
     keep_bytes: int = 0
+    wire_bytes: int = 0  # the DATA and ZDATA payload received (the receiver's; not in END)
 
     def end(self, final: bytes) -> messages.End:
         return messages.End(data_records=self.data_records, zero_records=self.zero_records,

@@ -30,11 +30,6 @@ HEADER_SIZE = _HEAD.size + _CHECK.size  # 36
 SEGMENT = 1 << 20
 """The digest's segment, and the largest DATA payload: a DATA record never crosses a
 segment boundary (``offset // SEGMENT == (offset + length - 1) // SEGMENT``)."""
-MAX_ZDATA = SEGMENT + (SEGMENT >> 7) + 4096
-"""The largest ZDATA payload: above zstd's bound for a segment (a sender sends a segment that
-does not shrink as DATA anyway)."""
-MAX_PAYLOAD = MAX_ZDATA
-"""A buffer this large receives any record's payload."""
 MAX_CONTROL = 64 << 10
 """The largest control payload (a HELLO with its token is a few KiB)."""
 MAX_VOLUME = 1 << 62  # no LV is larger; offsets past it are malformed
@@ -57,7 +52,7 @@ CONTROL = frozenset({Kind.HELLO, Kind.ACCEPT, Kind.REFUSE, Kind.END, Kind.ACK, K
 RECORDS = frozenset({Kind.DATA, Kind.ZDATA, Kind.ZERO, Kind.KEEP})
 _EMPTY = frozenset({Kind.ZERO, Kind.KEEP})  # a volume range without a payload
 _CARRIED = frozenset({Kind.DATA, Kind.ZDATA})  # a volume range with its bytes
-_LIMITS = {Kind.DATA: SEGMENT, Kind.ZDATA: MAX_ZDATA, Kind.ZERO: 0, Kind.KEEP: 0}
+_LIMITS = {Kind.DATA: SEGMENT, Kind.ZDATA: SEGMENT, Kind.ZERO: 0, Kind.KEEP: 0}
 
 
 def _checksum(head: bytes | memoryview, payload: bytes | memoryview) -> int:
@@ -106,6 +101,8 @@ class Header:
             raise ProtocolError(f"{self.kind.name} range {offset}+{length} is out of bounds")
         if self.kind is Kind.DATA and length != payload_len:
             raise ProtocolError(f"DATA covers {length} bytes but carries {payload_len}")
+        if self.kind is Kind.ZDATA and payload_len >= length:  # what does not shrink is DATA
+            raise ProtocolError(f"ZDATA covers {length} bytes but carries {payload_len}")
         if self.kind in _CARRIED:
             if length == 0 or payload_len == 0:
                 raise ProtocolError(f"{self.kind.name} record of no bytes")
