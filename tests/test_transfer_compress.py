@@ -61,12 +61,7 @@ async def _receive(
     checkpoints: list[Checkpoint] | None = None,
 ) -> Outcome:  # fmt: skip
     endpoint = Endpoint("node-a", "127.0.0.1", s.server.port, s.server.fingerprint)
-    r = None
-    if resume is not None:
-        r = messages.Resume(offset=resume.offset, digest=resume.digest.hex(),
-                            source_id=resume.source_id)  # fmt: skip
-    hello = messages.Hello(version=1, token="t", job="pvc-target", job_uid=UID, resume=r,
-                           features=features)  # fmt: skip
+    hello = stream._hello(resume, features)
     seen = checkpoints if checkpoints is not None else []
     return await asyncio.to_thread(
         lambda: receive(endpoint, hello, target, seen.append, lambda *a: None,

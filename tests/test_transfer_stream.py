@@ -109,12 +109,13 @@ async def server(tmp_path: Path) -> AsyncIterator[MakeServer]:
         await s.server.stop()
 
 
-def _hello(resume: Checkpoint | None = None) -> messages.Hello:
+def _hello(resume: Checkpoint | None = None, features: tuple[str, ...] = ()) -> messages.Hello:
     r = None
     if resume is not None:
         r = messages.Resume(offset=resume.offset, digest=resume.digest.hex(),
                             source_id=resume.source_id)  # fmt: skip
-    return messages.Hello(version=1, token="t", job="pvc-target", job_uid=UID, resume=r)
+    return messages.Hello(version=1, token="t", job="pvc-target", job_uid=UID, resume=r,
+                          features=features)  # fmt: skip
 
 
 def _target(tmp: Path, size: int, chunk: int = 0) -> VolumeInfo:
