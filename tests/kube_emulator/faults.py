@@ -1,4 +1,5 @@
-"""Injected failures: the next matching requests answer with a Status and change nothing."""
+"""Injected failures: the next matching requests answer with a Status and change nothing, or
+are served late (a delay: a request that a later one overtakes)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ class Fault:
     reason: str | None
     message: str | None
     times: int
+    delay: float = 0.0  # served after this many seconds instead of failing
 
 
 class Faults:
@@ -36,8 +38,9 @@ class Faults:
 
     def check(
         self, rtype: ResourceType, method: str, name: str | None, sub: str | None, watch: bool
-    ) -> None:
-        """Raise the first injected failure that matches this request, if any."""
+    ) -> float:
+        """Raise the first injected failure that matches this request, if any; or return
+        the seconds an injected delay holds it (0 without one)."""
         verbs = {method}
         if method == "GET" and name is None:
             verbs.add("WATCH" if watch else "LIST")
@@ -52,6 +55,8 @@ class Faults:
                 continue
             fault.times -= 1
             self._faults = [f for f in self._faults if f.times > 0]
+            if fault.delay:
+                return fault.delay
             if fault.code == 409 and fault.reason in (None, "Conflict") and fault.message is None:
                 raise conflict(rtype, name or "")
             raise ApiFailure(
@@ -61,3 +66,4 @@ class Faults:
                 details_of(rtype, name),
             )
         self._faults = [f for f in self._faults if f.times > 0]
+        return 0.0

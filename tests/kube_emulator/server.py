@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import json
 from collections.abc import Iterable
@@ -97,6 +98,7 @@ class KubeEmulator(Watches):
         reason: str | None = None,
         message: str | None = None,
         times: int = 1,
+        delay: float = 0.0,
     ) -> None:
         """Make the next ``times`` matching requests fail with a Status, changing nothing.
 
@@ -104,12 +106,13 @@ class KubeEmulator(Watches):
         or None for any; ``name`` None matches any object and collection requests;
         ``subresource`` None matches only the main resource, ``"status"`` only the status
         subresource, ``"*"`` both. A 409 without ``reason`` is the real optimistic-lock
-        Conflict.
+        Conflict. With ``delay``, the requests are served that many seconds late instead
+        (changing what they change then), so a request sent later overtakes them.
         """
         self._faults.add(
             Fault(
                 method.upper() if method else None, plural, name, subresource, code, reason,
-                message, times,
+                message, times, delay,
             )
         )  # fmt: skip
 
@@ -170,7 +173,9 @@ class KubeEmulator(Watches):
         sub = rest[2] if len(rest) > 2 else None
         method = request.method
         watch = query.get("watch") in ("true", "1")
-        self._faults.check(rtype, method, name, sub, watch)
+        pause = self._faults.check(rtype, method, name, sub, watch)
+        if pause:
+            await asyncio.sleep(pause)
 
         if name is None:
             if method == "GET" and watch:

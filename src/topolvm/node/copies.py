@@ -13,7 +13,6 @@ does not verify, or whose source is gone, fails: ``status.code`` tells the contr
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import threading
@@ -218,9 +217,7 @@ class CopyJobs:
         timeout = self.options.limits.io_timeout
 
         def accepted(accept: messages.Accept) -> None:
-            # reported while the data flows: the stream does not wait for the API
-            done = asyncio.run_coroutine_threadsafe(self.report.accepted(run, accept), loop)
-            done.add_done_callback(_log_failure)
+            self.report.accepted_soon(run, accept, loop)
 
         def work() -> client.Outcome:
             return client.receive(
@@ -249,6 +246,8 @@ class CopyJobs:
                           f"{source.node_name}'s transfer port alone; a topolvm-node of an older "
                           "release there accepts only the audience topolvm-transfer that nodes "
                           "used to share: upgrade it)") from r  # fmt: skip
+        finally:
+            await self.report.settle(run)  # what comes next (done, waiting) is written after it
         await self.report.done(run, outcome.digest, outcome.accept.source, outcome)
 
     async def _local(
@@ -364,8 +363,3 @@ class CopyJobs:
         published = ann.get(self.names.transfer_features_annotation, "")
         offered = messages.honoured(published, fingerprint)
         return client.Endpoint(node, host.strip("[]"), int(port), fingerprint, offered)
-
-
-def _log_failure(future: concurrent.futures.Future[None]) -> None:
-    if not future.cancelled() and (e := future.exception()) is not None:
-        log.warning("copy: a report could not be written", extra={"error": str(e)})

@@ -5,10 +5,11 @@ that waits for it, and the node's metrics."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from grpclib.const import Status
@@ -52,6 +53,8 @@ class Run:
     last_event_quarter: int = 0
     base_wire: int = 0  # the wire bytes of earlier attempts, and of this one (remote copies)
     wire: int = 0
+    # reports the worker thread started and the loop still writes (CopyReporter.settle)
+    in_flight: list[concurrent.futures.Future[None]] = field(default_factory=list)
 
 
 def connecting(prior: CopyStatus, source_node: str) -> str:
@@ -94,6 +97,24 @@ class CopyReporter:
             return None if obj is None else LogicalVolumeObject.from_dict(obj)
         except (InvalidQuantity, KeyError, TypeError, ValueError):
             return None
+
+    def accepted_soon(
+        self, run: Run, accept: messages.Accept, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        """From the worker thread: the source's ACCEPT reported while the data flows (the
+        stream does not wait for the API). :meth:`settle` waits for that write."""
+        future = asyncio.run_coroutine_threadsafe(self.accepted(run, accept), loop)
+        future.add_done_callback(_log_failure)
+        run.in_flight.append(future)
+
+    async def settle(self, run: Run) -> None:
+        """Wait for the reports still being written. A copy of a few MiB (a move's final copy)
+        ends within milliseconds of its ACCEPT: its Done written beside a late "copying" patch
+        could be overtaken by it, and a verified copy would read as one still running."""
+        pending = [asyncio.wrap_future(f) for f in run.in_flight]
+        run.in_flight.clear()
+        if pending:
+            await asyncio.wait(pending)  # their failures are logged by _log_failure
 
     async def accepted(self, run: Run, accept: messages.Accept) -> None:
         run.position = accept.offset
@@ -174,6 +195,7 @@ class CopyReporter:
         self, run: Run, digest: bytes, source: str, outcome: client.Outcome | None = None
     ) -> None:
         """``outcome``: a remote copy's, with what travelled on the wire and the CPU spent."""
+        await self.settle(run)
         elapsed = time.monotonic() - run.started
         total = run.status.total_bytes or run.position
         status = replace(
@@ -270,3 +292,8 @@ def copy_patch(copy: CopyStatus) -> dict[str, Any]:
         full.setdefault(key, None)
     full.setdefault("checkpoint", None)
     return full
+
+
+def _log_failure(future: concurrent.futures.Future[None]) -> None:
+    if not future.cancelled() and (e := future.exception()) is not None:
+        log.warning("copy: a report could not be written", extra={"error": str(e)})
