@@ -1,5 +1,5 @@
-"""Issue 42's probe, twice on two nodes (one bed; ``TOPOLVM_LEFTOVER_ROUNDS``, 5 as the issue
-ran it): a StatefulSet pod writing without pause
+"""Issue 42's probe, 5 times as the issue ran it, on two nodes (one bed;
+``TOPOLVM_LEFTOVER_ROUNDS`` changes the count): a StatefulSet pod writing without pause
 to a thin and a thick claim (128 MiB each: what is checked is which LVs are left, not their
 size); a bound 64 MiB claim no pod uses (on the pod's node in some rounds, on the other node in
 the others); a move of the pod's claims deleted during its pre-copy (it rolls back); a move of
@@ -43,8 +43,8 @@ from topolvm.k8s import api, orphanlvs
 from topolvm.k8s.moveobject import MovePhase
 
 pytestmark = pytest.mark.cluster
-# the unused claim on the pod's node in even rounds, on the other in odd ones: 2 is both
-ROUNDS = int(os.environ.get("TOPOLVM_LEFTOVER_ROUNDS", "2"))
+# the unused claim on the pod's node in even rounds, on the other in odd ones
+ROUNDS = int(os.environ.get("TOPOLVM_LEFTOVER_ROUNDS", "5"))
 SIZE = "128Mi"  # the pod's two claims (the issue's were 1 GiB; the LVs' count is what matters)
 
 
