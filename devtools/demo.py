@@ -11,7 +11,8 @@
    the CSIStorageCapacity objects csi-provisioner publishes;
 4.-6. its busybox containers write into their volumes, read back with ``kubectl exec``; a pod
    replaced by the StatefulSet finds its data; a volume is resized online (``df`` in the
-   container);
+   container); a replica's audit claim gets an IO limit from a VolumeAttributesClass while it
+   runs, its write rate measured before and after (devtools/demo_qos.py);
 6.-8. a thin volume's snapshot is restored for a pod on another node, copied there by
    topolvm-node; vault-2's thick audit volume is snapshotted onto another node, deleted, and
    restored from there for a new vault-2; a fourth node joins and ``topolvm move`` moves the
@@ -29,7 +30,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from devtools import uml
+from devtools import demo_qos, uml
 from devtools.demo_bed import WORK, tools
 from devtools.demo_data import VolumeSteps, claim_sizes, free_ssd
 from devtools.demo_plan import (
@@ -75,6 +76,7 @@ from devtools.demo_steps import (
 from devtools.testbed import chart
 from devtools.testbed.process import become_subreaper, enter_private_netns, reap_leftovers
 from devtools.testbed.umlnode import GiB
+from topolvm.constants import NORMAL
 
 LV_CRDS = ("logicalvolumes.topolvm.io", "logicalvolumes.topolvm.cybozu.com")
 SECRET = "cat /vault/data/secret.txt"
@@ -223,6 +225,10 @@ class Demo(VolumeSteps):
             "still there")  # fmt: skip
         kubectl(cp, "get", "pvc", pvc)
 
+    def io_limits(self) -> None:
+        pod = "vault-0"
+        demo_qos.limit_audit(self.kube, pod, self.node(self.placement[pod]), NORMAL.plugin)
+
     # --- 9 ------------------------------------------------------------------------------
 
     def view(self) -> None:
@@ -258,6 +264,7 @@ class Demo(VolumeSteps):
                 raise DemoError(f"LVs left on {node.name}: {left}")
             say(f"  {node.name}: no LV left in vg1 but the thin pool pool0")
         kubectl(cp, "delete", "volumesnapshotclass", "topolvm-snapshots", "topolvm-offnode")
+        kubectl(cp, "delete", "volumeattributesclass", demo_qos.CLASS)
         self.uninstall()
         kubectl(cp, "delete", "namespace", RELEASE_NS, "--timeout=120s")
         say("  the kubelets stopped the chart's containers (the namespace is gone once its pods "
@@ -280,6 +287,8 @@ class Demo(VolumeSteps):
             self.write()
         with step("Resize data-vault-0 from 10Gi to 12Gi under the running container"):
             self.resize()
+        with step("An IO limit for vault-0's audit claim: a VolumeAttributesClass, live"):
+            self.io_limits()
         with step("Snapshot a thin volume, restore it on another node"):
             self.snapshot()
         with step("vault-2's audit volume: a snapshot kept on another node, restored from there"):

@@ -227,3 +227,34 @@ def test_the_node_account_is_confined_to_its_own_node_unless_turned_off() -> Non
     assert f'"system:serviceaccount:{NS}:{account}"' in conditions["topolvm-node"]
     off = kinds(render(sets=("node.ownNodeOnly=false",)), "ValidatingAdmissionPolicy")
     assert list(off) == [name.removesuffix("-own-node") + "-tokens"]
+
+
+# -- IO limits (docs/qos.md) ---------------------------------------------------------------------
+
+
+def test_io_limits_mount_the_hosts_cgroups_unless_turned_off() -> None:
+    for sets, root in (((), "/host/sys/fs/cgroup"), (("node.ioLimits.enabled=false",), "")):
+        docs = render(sets=sets)
+        [node] = container(docs, "topolvm-node")
+        argv = topolvm_argv(node)
+        assert argv is not None and flag(argv, "--cgroup-root") == root
+        options = options_from_args(build_parser().parse_args([*argv, "--nodename=n1"]))
+        assert options.cgroup_root == root
+        spec = pod_spec(docs, "DaemonSet", "-node")
+        mounted = {"name": "cgroup-dir", "mountPath": "/host/sys/fs/cgroup"} in node["volumeMounts"]
+        host = [v for v in spec["volumes"] if v["name"] == "cgroup-dir"]
+        assert mounted == bool(root)
+        assert host == ([{"name": "cgroup-dir",
+                          "hostPath": {"path": "/sys/fs/cgroup", "type": "Directory"}}]
+                        if root else [])  # fmt: skip
+
+
+def test_volume_attributes_classes_are_rendered_only_when_asked() -> None:
+    assert not kinds(render(), "VolumeAttributesClass")
+    docs = render(sets=(
+        "volumeAttributesClasses[0].name=slow",
+        "volumeAttributesClasses[0].parameters.topolvm\\.io/write-bytes-per-second=20Mi",
+    ))  # fmt: skip
+    [vac] = kinds(docs, "VolumeAttributesClass").values()
+    assert vac["metadata"]["name"] == "slow" and vac["driverName"] == "topolvm.io"
+    assert vac["parameters"] == {"topolvm.io/write-bytes-per-second": "20Mi"}

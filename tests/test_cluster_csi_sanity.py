@@ -49,6 +49,9 @@ STAGING_DIR = "/run/csi-sanity/staging"
 # they need a thin pool. Here a thick snapshot or clone is a copy (docs/mobility.md), and they run.
 
 
+MUTABLE_PARAMETERS = {"topolvm.io/write-iops": "1000", "qosBandwithReadPerSec": "100Mi"}
+
+
 @dataclass(frozen=True)
 class Case:
     device_class: str
@@ -61,10 +64,10 @@ class Case:
 
 
 CASES = {
-    "thick": Case(THICK["name"], {NORMAL.device_class_param: THICK["name"]}, passed=52, skipped=50),
+    "thick": Case(THICK["name"], {NORMAL.device_class_param: THICK["name"]}, passed=60, skipped=42),
     "thin": Case(
         THIN["name"], {NORMAL.device_class_param: THIN["name"], "csi.storage.k8s.io/fstype": "xfs"},
-        passed=52, skipped=50,
+        passed=60, skipped=42,
     ),
 }  # fmt: skip
 
@@ -168,6 +171,8 @@ async def test_csi_sanity_passes(
     cmds = guestpath.write_commands(tmp_path / "bin", f"{node.address}:{AGENT_PORT}")
     params = tmp_path / "parameters.yaml"
     params.write_text(yaml.safe_dump(case.parameters))
+    mutable = tmp_path / "mutable-parameters.yaml"  # a VolumeAttributesClass's (docs/qos.md)
+    mutable.write_text(yaml.safe_dump(MUTABLE_PARAMETERS))
     report = tmp_path / "junit.xml"
     argv = [
         str(gobuild.ensure("csi-sanity")["csi-sanity"]),
@@ -181,6 +186,7 @@ async def test_csi_sanity_passes(
         f"--csi.checkpathcmd={cmds['check']}",
         f"--csi.testvolumesize={GiB}",
         f"--csi.testvolumeparameters={params}",
+        f"--csi.testvolumemutableparameters={mutable}",
         f"--ginkgo.junit-report={report}",
         "--ginkgo.no-color", "--ginkgo.v",
         f"--ginkgo.timeout={SANITY_TIMEOUT - 60}s",

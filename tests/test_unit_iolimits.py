@@ -38,20 +38,22 @@ def test_per_gib_limits_scale_with_the_volume_and_never_reach_zero() -> None:
     assert got.at(4 * GiB)["wiops"] == 40
     assert got.at(6 * GiB)["wiops"] == 60  # after an expansion from 4 GiB
     assert got.at(4 * GiB)["rbps"] == 4 * MiB
-    assert got.at(100 * MiB)["wiops"] == 1  # rounded up: 0 would be no IO at all
+    assert got.at(100 * MiB)["wiops"] == 2  # 0 would be no IO at all, and io.max refuses 1
     assert Limit(10, per_gib=True).at(GiB + 1) == 11
 
 
 @pytest.mark.parametrize(("params", "key", "words"), [
-    ({"topolvm.io/iops": "0"}, "topolvm.io/iops", "positive whole"),
-    ({"topolvm.io/iops": "-5"}, "topolvm.io/iops", "positive whole"),
-    ({"topolvm.io/iops": "fast"}, "topolvm.io/iops", "positive whole"),
-    ({"topolvm.io/iops": "500m"}, "topolvm.io/iops", "positive whole"),
-    ({"topolvm.io/iops": ""}, "topolvm.io/iops", "positive whole"),
+    ({"topolvm.io/iops": "0"}, "topolvm.io/iops", "whole quantity"),
+    ({"topolvm.io/iops": "-5"}, "topolvm.io/iops", "whole quantity"),
+    ({"topolvm.io/iops": "fast"}, "topolvm.io/iops", "whole quantity"),
+    ({"topolvm.io/iops": "500m"}, "topolvm.io/iops", "whole quantity"),
+    ({"topolvm.io/iops": "1.5"}, "topolvm.io/iops", "whole quantity"),
+    ({"topolvm.io/iops": "1"}, "topolvm.io/iops", "at least 2"),
+    ({"topolvm.io/iops": ""}, "topolvm.io/iops", "whole quantity"),
     ({"topolvm.io/read-ops": "5"}, "topolvm.io/read-ops", "not an IO limit key"),
     ({"qosIopsReadLimit": "5", "topolvm.io/read-iops": "6"}, "topolvm.io/read-iops",
      "sets readIOPS"),
-    ({"topolvm.io/iops": "5", "topolvm.io/iops-per-gib": "1"}, "topolvm.io/iops-per-gib", "sets"),
+    ({"topolvm.io/iops": "5", "topolvm.io/iops-per-gib": "2"}, "topolvm.io/iops-per-gib", "sets"),
 ])  # fmt: skip
 def test_a_bad_parameter_is_refused_naming_its_key(
     params: dict[str, str], key: str, words: str
@@ -71,7 +73,7 @@ def test_the_spec_keeps_what_was_asked() -> None:
 
 
 @pytest.mark.parametrize("spec", [
-    {"readIops": 5}, {"readIOPS": 0}, {"readIOPS": "5"}, {"readIOPS": True},
+    {"readIops": 5}, {"readIOPS": 0}, {"readIOPS": 1}, {"readIOPS": "5"}, {"readIOPS": True},
     {"readIOPS": 5, "readIOPSPerGiB": 1},
 ])  # fmt: skip
 def test_a_spec_written_by_hand_is_checked(spec: dict[str, object]) -> None:
@@ -86,3 +88,27 @@ def test_the_io_max_line_names_every_key_and_any_minor() -> None:
         io_max_line(253, 300, got, GiB) == f"253:300 rbps=max wbps={20 * MiB} riops=max wiops=max"
     )
     assert io_max_line(253, 0, IoLimits(), GiB) == "253:0 rbps=max wbps=max riops=max wiops=max"
+
+
+def test_a_new_class_changes_what_it_names_and_max_lifts() -> None:
+    """CSI: a key a class does not name changes nothing; max lifts a limit."""
+    old = parse({"topolvm.io/write-bytes-per-second": "20Mi", "topolvm.io/read-iops": "100"})
+    new = iolimits.parse_change({"topolvm.io/write-bytes-per-second": "50Mi",
+                                 "topolvm.io/read-iops": "max"}).applied_to(old)  # fmt: skip
+    assert new.at(GiB) == {"rbps": None, "wbps": 50 * MiB, "riops": None, "wiops": None}
+    kept = iolimits.parse_change({"topolvm.io/iops": "300"}).applied_to(old)
+    assert kept.at(GiB) == {"rbps": None, "wbps": 20 * MiB, "riops": 300, "wiops": 300}
+    # per GiB replaces the plain limit of the same field, and the other way round
+    per_gib = iolimits.parse_change({"topolvm.io/write-bytes-per-second-per-gib": "5Mi"})
+    assert per_gib.applied_to(old).to_spec() == {
+        "readIOPS": 100,
+        "writeBytesPerSecondPerGiB": 5 * MiB,
+    }
+    assert iolimits.parse_change({}).applied_to(old) == old
+
+
+def test_a_limit_past_what_io_max_takes_is_no_limit() -> None:
+    huge = parse({"topolvm.io/bytes-per-second-per-gib": str(2**62),
+                  "topolvm.io/iops-per-gib": str(2**31)})  # fmt: skip
+    assert huge.at(GiB) == {"rbps": 2**62, "wbps": 2**62, "riops": 2**31, "wiops": 2**31}
+    assert huge.at(4 * GiB) == dict.fromkeys(("rbps", "wbps", "riops", "wiops"))

@@ -145,11 +145,16 @@ def test_crds_differ_only_in_group() -> None:
     assert a["spec"]["scope"] == "Cluster" and version["subresources"] == {"status": {}}
     schema = version["schema"]["openAPIV3Schema"]["properties"]
     assert schema["spec"]["required"] == ["name", "nodeName", "size"]
-    # upstream's fields, and the copy that fills a volume from another (docs/mobility.md)
+    # upstream's fields, the copy that fills a volume from another (docs/mobility.md), and
+    # the IO limits of its pods (docs/qos.md)
     assert set(schema["spec"]["properties"]) == {
         "name", "nodeName", "size", "deviceClass", "lvcreateOptionClass", "source", "accessType",
-        "copy", "verify",
+        "copy", "verify", "ioLimits",
     }  # fmt: skip
+    io = schema["spec"]["properties"]["ioLimits"]["properties"]
+    assert set(io) == {f + suffix for f in ("readBytesPerSecond", "writeBytesPerSecond",
+                       "readIOPS", "writeIOPS") for suffix in ("", "PerGiB")}  # fmt: skip
+    assert all(p["type"] == "integer" and p["minimum"] == 2 for p in io.values())
     assert set(schema["status"]["properties"]) == {
         "volumeID",
         "code",

@@ -14,20 +14,28 @@ Keys, each alone or with others (a value is a positive whole quantity, ``20Mi`` 
 
 A key for one direction refines a key for both. OpenEBS LVM LocalPV's names (``qosIopsLimit``,
 ``qosBandwithPerSec``, ...; spelled so) are read as the matching key, so classes carry over.
+
+A new class changes the limits its keys name and no other (CSI: a key that is absent changes
+nothing); ``max`` lifts one (:func:`parse_change`).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from topolvm.k8s.lvobject import InvalidQuantity, parse_quantity
+from topolvm.quantity import InvalidQuantity, parse_quantity
 
 PREFIX = "topolvm.io/"
 GiB = 1 << 30
 NO_LIMIT = "max"
+# the least limit: Linux refuses 1 in io.max (blk-throttle from 4.14 until 2024)
+LEAST = 2
+# what io.max takes: bytes per second as u64, IO per second as unsigned int; at or above,
+# a limit is no limit (a per-GiB limit on a large volume)
+BYTES_MAX = 2**64 - 1
+IOPS_MAX = 2**32 - 1
 # the limits a spec keeps, and the io.max key of each
 FIELDS: dict[str, str] = {
     "readBytesPerSecond": "rbps", "writeBytesPerSecond": "wbps",
@@ -55,7 +63,10 @@ ALIASES: dict[str, str] = {  # OpenEBS LVM LocalPV's keys
     "qosBandwithReadPerSec": PREFIX + "read-bytes-per-second",
     "qosBandwithWritePerSec": PREFIX + "write-bytes-per-second",
 }
-_FRACTION = re.compile(r"[mun]$")  # milli, micro, nano: never a whole number per second
+# topolvm-node's warning Event when a volume's limits cannot be put in force (topolvm doctor
+# reads it), posted about the LogicalVolume in this namespace (the object is cluster-wide)
+NOT_IN_FORCE_REASON = "IOLimitsNotInForce"
+EVENT_NAMESPACE = "default"
 
 
 class InvalidLimits(ValueError):
@@ -72,10 +83,11 @@ class Limit:
     per_gib: bool = False
 
     def at(self, size_bytes: int) -> int:
-        """The limit for a volume of ``size_bytes``: at least 1 (io.max takes no 0)."""
+        """The limit for a volume of ``size_bytes``: at least :data:`LEAST` (io.max takes no 0
+        nor 1)."""
         if not self.per_gib:
             return self.value
-        return max(1, -(-self.value * size_bytes // GiB))
+        return max(LEAST, -(-self.value * size_bytes // GiB))
 
 
 @dataclass(frozen=True)
@@ -89,9 +101,14 @@ class IoLimits:
         return not self.limits
 
     def at(self, size_bytes: int) -> dict[str, int | None]:
-        """Each io.max key's limit for a volume of ``size_bytes`` (None: ``max``)."""
-        return {key: (self.limits[f].at(size_bytes) if f in self.limits else None)
-                for f, key in FIELDS.items()}  # fmt: skip
+        """Each io.max key's limit for a volume of ``size_bytes`` (None: ``max``, also for a
+        limit past what io.max takes)."""
+        out: dict[str, int | None] = {}
+        for f, key in FIELDS.items():
+            value = self.limits[f].at(size_bytes) if f in self.limits else None
+            ceiling = IOPS_MAX if key.endswith("iops") else BYTES_MAX
+            out[key] = None if value is None or value >= ceiling else value
+        return out
 
     def to_spec(self) -> dict[str, int]:
         """What a LogicalVolume's ``spec.ioLimits`` keeps."""
@@ -107,17 +124,33 @@ class IoLimits:
             f = name.removesuffix(PER_GIB) if per_gib else name
             if f not in FIELDS:
                 raise InvalidLimits(name, f"not an IO limit (one of {', '.join(FIELDS)})")
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidLimits(name, f"not a positive whole number: {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < LEAST:
+                raise InvalidLimits(name, f"not a whole number of at least {LEAST}: {value!r}")
             if f in limits:
                 raise InvalidLimits(name, f"{f} is given both per GiB and not")
             limits[f] = Limit(value, per_gib)
         return cls(limits)
 
 
-def parse(params: Mapping[str, str]) -> IoLimits:
-    """The limits a class's parameters ask for. Raises :class:`InvalidLimits` naming the first
-    key that is unknown, has a value that is not a positive whole quantity or ``max``, or sets
+@dataclass(frozen=True)
+class Change:
+    """What a class's parameters say, per spec field: a new limit, or None (``max``: lifted).
+    A field no key names is not here: the class leaves it as it is."""
+
+    fields: Mapping[str, Limit | None] = field(default_factory=dict)
+
+    def applied_to(self, limits: IoLimits) -> IoLimits:
+        out = dict(limits.limits)
+        for f, limit in self.fields.items():
+            out.pop(f, None)  # per GiB or not: the new one replaces either
+            if limit is not None:
+                out[f] = limit
+        return IoLimits(out)
+
+
+def parse_change(params: Mapping[str, str]) -> Change:
+    """What a class's parameters change. Raises :class:`InvalidLimits` naming the first key
+    that is unknown, has a value that is not a whole quantity of at least 2 or ``max``, or sets
     a limit another key of the same kind already set."""
     chosen: dict[str, tuple[str, Limit | None, int]] = {}  # field -> (key, limit, how specific)
     for given in sorted(params):
@@ -133,7 +166,12 @@ def parse(params: Mapping[str, str]) -> IoLimits:
                 raise InvalidLimits(given, f"sets {f}, which {prior[0]} sets too")
             if prior is None or prior[2] > len(fields):  # one direction refines both
                 chosen[f] = (given, limit, len(fields))
-    return IoLimits({f: lim for f, (_, lim, _) in chosen.items() if lim is not None})
+    return Change({f: limit for f, (_, limit, _) in chosen.items()})
+
+
+def parse(params: Mapping[str, str]) -> IoLimits:
+    """The limits a class's parameters ask for, on a volume that has none (CreateVolume)."""
+    return parse_change(params).applied_to(IoLimits())
 
 
 def _value(key: str, raw: str, per_gib: bool) -> Limit | None:
@@ -141,11 +179,12 @@ def _value(key: str, raw: str, per_gib: bool) -> Limit | None:
     if text == NO_LIMIT:
         return None
     try:
-        value = 0 if _FRACTION.search(text) else parse_quantity(text)
+        value = parse_quantity(text, whole=True)
     except InvalidQuantity:
         value = 0
-    if value < 1:
-        raise InvalidLimits(key, f"{raw!r} is not a positive whole quantity or {NO_LIMIT!r}")
+    if value < LEAST:
+        raise InvalidLimits(key, f"{raw!r} is not a whole quantity of at least {LEAST}, or "
+                            f"{NO_LIMIT!r}")  # fmt: skip
     return Limit(value, per_gib)
 
 

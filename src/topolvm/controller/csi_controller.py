@@ -30,8 +30,12 @@ from topolvm.controller.sizing import (
     volume_size,
 )
 from topolvm.controller.snapshots import Snapshots
-from topolvm.csi.accessmode import mode_name
-from topolvm.csi.mountflags import check_mount_flags
+from topolvm.controller.volumeparams import (
+    changed_spec,
+    check_capabilities,
+    io_change_of,
+    io_limits_of,
+)
 from topolvm.k8s import api
 from topolvm.k8s import errors as kube
 from topolvm.k8s.lvobject import LogicalVolumeObject
@@ -52,8 +56,8 @@ log = logging.getLogger(__name__)
 Ctx = Context
 RpcCap = csi.ControllerServiceCapability.RPC
 CAPABILITIES = (RpcCap.CREATE_DELETE_VOLUME, RpcCap.CLONE_VOLUME, RpcCap.GET_CAPACITY,
-                RpcCap.EXPAND_VOLUME, RpcCap.CREATE_DELETE_SNAPSHOT)  # fmt: skip
-SINGLE_NODE_WRITER = csi.VolumeCapability.AccessMode.SINGLE_NODE_WRITER
+                RpcCap.EXPAND_VOLUME, RpcCap.CREATE_DELETE_SNAPSHOT,
+                RpcCap.MODIFY_VOLUME)  # fmt: skip
 
 
 _LOGGED = {"name": "volume", "volume_id": "volume_id", "source_volume_id": "source",
@@ -122,37 +126,25 @@ class ControllerService:
 
     # -- volumes ---------------------------------------------------------------------------
 
-    def _check_capabilities(self, caps: Any) -> tuple[bool, str]:
-        """(block?, fs type) of the first capability, after checking every one."""
-        if not caps:
-            raise status.InvalidArgument("no volume capabilities are provided")
-        for cap in caps:
-            if cap.WhichOneof("access_type") not in ("block", "mount"):
-                raise status.InvalidArgument("unknown or empty access_type")
-            if cap.HasField("access_mode") and cap.access_mode.mode != SINGLE_NODE_WRITER:
-                mode = cap.access_mode.mode
-                raise status.InvalidArgument(f"unsupported access mode: {mode_name(mode)} ({mode})")
-            if cap.WhichOneof("access_type") == "mount":
-                check_mount_flags(cap.mount.mount_flags)
-        first = caps[0]
-        block = first.WhichOneof("access_type") == "block"
-        return block, "" if block else first.mount.fs_type
-
     @rpc
     async def CreateVolume(self, request: csi.CreateVolumeRequest, context: Ctx) -> Any:
         if not request.name:
             raise status.InvalidArgument("invalid name: a volume name is required")
-        block, fs_type = self._check_capabilities(request.volume_capabilities)
+        block, fs_type = check_capabilities(request.volume_capabilities)
         if bad := placement_error(request.parameters, self.names, "StorageClass parameters"):
             raise status.InvalidArgument(bad)  # the webhook's to read; told where claims show it
+        limits = io_limits_of(request.mutable_parameters)
         required, limit = _capacity_range(request)
         required = max(required, self.minimums.for_volume(block=block, fs_type=fs_type))
         size = volume_size(required, limit)
         name = request.name.lower()
         async with self.name_locks.hold(name):
-            return await self._create_volume(request, name, size)
+            return await self._create_volume(request, name, size, limits)
 
-    async def _create_volume(self, request: csi.CreateVolumeRequest, name: str, size: int) -> Any:
+    async def _create_volume(
+        self, request: csi.CreateVolumeRequest, name: str, size: int,
+        limits: tuple[tuple[str, int], ...],
+    ) -> Any:  # fmt: skip
         dc = request.parameters.get(self.names.device_class_param, "")
         option_class = request.parameters.get(self.names.lvcreate_option_class_param, "")
         reqs = request.accessibility_requirements
@@ -217,7 +209,8 @@ class ControllerService:
                 self._check_room(node, dc, size)
         annotations = ((self.names.claim_annotation, waiting),) if waiting else ()
         req = VolumeRequest(name, node, size, dc, option_class, source, access,
-                            copy_source=copy_source, annotations=annotations)  # fmt: skip
+                            copy_source=copy_source, annotations=annotations,
+                            io_limits=limits)  # fmt: skip
         lv = await self._create_and_wait(req, existing)
         volume = csi.Volume(
             capacity_bytes=lv.current_size or lv.size,
@@ -345,6 +338,28 @@ class ControllerService:
             )
 
     @rpc
+    async def ControllerModifyVolume(
+        self, request: csi.ControllerModifyVolumeRequest, context: Ctx
+    ) -> Any:
+        """The claim's new VolumeAttributesClass: the limits its keys name change in the
+        volume's ``spec.ioLimits`` (the others stay); the volume's node applies them to the
+        pods that mount it."""
+        if not request.volume_id:
+            raise status.InvalidArgument("volume_id is required")
+        change = io_change_of(request.mutable_parameters)
+        async with self.id_locks.hold(request.volume_id):
+            lv = await self.store.find_by_volume_id(request.volume_id)
+            if lv is not None:
+                lv = await self.store.update_io_limits(
+                    lv.name, lambda stored: changed_spec(change, stored)
+                )
+            if lv is None:
+                raise status.NotFound(f"volume {request.volume_id} is not found")
+        log.info("io limits set", extra={"volume_id": request.volume_id,
+                                         "limits": lv.io_limits})  # fmt: skip
+        return csi.ControllerModifyVolumeResponse()
+
+    @rpc
     async def ValidateVolumeCapabilities(
         self, request: csi.ValidateVolumeCapabilitiesRequest, context: Ctx
     ) -> Any:
@@ -403,5 +418,4 @@ class ControllerService:
     ListVolumes = status.unimplemented(rpc, "ListVolumes", _NOT_OFFERED)
     ListSnapshots = status.unimplemented(rpc, "ListSnapshots", _NOT_OFFERED)
     ControllerGetVolume = status.unimplemented(rpc, "ControllerGetVolume", _NOT_OFFERED)
-    ControllerModifyVolume = status.unimplemented(rpc, "ControllerModifyVolume", _NOT_OFFERED)
     GetSnapshot = status.unimplemented(rpc, "GetSnapshot", _NOT_OFFERED)

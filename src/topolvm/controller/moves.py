@@ -283,6 +283,7 @@ class MoveReconciler:
             vm.made_name, s.target_node, s.size_bytes, s.device_class,
             copy_source=source.name, copy_keep_cut=True,
             annotations=((self.names.claim_annotation, f"{vm.namespace}/{vm.claim}"),),
+            io_limits=tuple(sorted(source.io_limits.items())),  # the claim's class goes along
         )  # fmt: skip
         target = await self.steps.target(request)
         progress = target_copy.progress(MovePhase.PRE_COPY, target)

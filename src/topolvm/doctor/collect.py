@@ -38,7 +38,13 @@ from topolvm.k8s import errors as kube
 
 log = logging.getLogger("topolvm.doctor")
 CHUNK = 500
-EVENT_REASONS = ("FailedScheduling", "ProvisioningFailed", "FailedCreate")
+EVENT_REASONS = (
+    "FailedScheduling",
+    "ProvisioningFailed",
+    "FailedCreate",
+    "VolumeModifyFailed",
+    "IOLimitsNotInForce",
+)
 TLS_TIMEOUT = 3.0
 
 # kind -> (group, version, Kind, plural, namespaced)

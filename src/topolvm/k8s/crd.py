@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from topolvm.constants import LEGACY, NORMAL
+from topolvm.iolimits import FIELDS, LEAST, PER_GIB
 from topolvm.k8s.moveobject import GROUP, KIND, PLURAL, MovePhase
 
 _QUANTITY_PATTERN = (
@@ -125,6 +126,25 @@ def _crd(
     }
 
 
+def _io_limits() -> dict[str, Any]:
+    fields = {}
+    for name in FIELDS:
+        what = name.replace("IOPS", " IO operations").replace("BytesPerSecond", " bytes")
+        fields[name] = {"type": "integer", "format": "int64", "minimum": LEAST,
+                        "description": f"At most this many {what.lower()} per second."}  # fmt: skip
+        fields[name + PER_GIB] = {
+            "type": "integer", "format": "int64", "minimum": LEAST,
+            "description": f"At most this many {what.lower()} per second and GiB of the volume "
+            "(rounded up; it grows with an expansion).",
+        }  # fmt: skip
+    return {
+        "type": "object",
+        "description": "IO limits of the pods that mount the volume, on its device (cgroup v2 "
+        "io.max), from the claim's VolumeAttributesClass (docs/qos.md). None: no limit.",
+        "properties": fields,
+    }
+
+
 def logicalvolume_crd(group: str) -> dict[str, Any]:
     """The CRD manifest for ``logicalvolumes.<group>`` (``topolvm.io`` or legacy)."""
     spec_props = {
@@ -168,6 +188,7 @@ def logicalvolume_crd(group: str) -> dict[str, Any]:
             },
             "required": ["id"],
         },
+        "ioLimits": _io_limits(),
     }
     status_props = {
         "volumeID": _string("LVM logical volume name; also the CSI volume id."),
@@ -206,6 +227,7 @@ def logicalvolume_crd(group: str) -> dict[str, Any]:
         {"name": "DeviceClass", "type": "string", "jsonPath": ".spec.deviceClass"},
         {"name": "Size", "type": "string", "jsonPath": ".spec.size"},
         {"name": "Current", "type": "string", "jsonPath": ".status.currentSize"},
+        {"name": "IOLimits", "type": "string", "jsonPath": ".spec.ioLimits"},
         {"name": "VolumeID", "type": "string", "jsonPath": ".status.volumeID", "priority": 1},
         {"name": "Copy", "type": "string", "jsonPath": ".status.copy.phase", "priority": 1},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

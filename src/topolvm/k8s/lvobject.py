@@ -2,68 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any
 
-_SUFFIXES: dict[str, int | Decimal] = {
-    "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60,
-    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-    "m": Decimal("0.001"), "u": Decimal("0.000001"), "n": Decimal("0.000000001"), "": 1,
-}  # fmt: skip
-_QUANTITY = re.compile(
-    r"^([+-]?(?:\d+(?:\.\d*)?|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?$"
-)
-
-
-class InvalidQuantity(ValueError):
-    pass
-
-
-# Kubernetes reads a quantity's bytes as an int64 (resource.Quantity.Value()); so does this.
-MAX_QUANTITY = 2**63 - 1
-_MAX_DIGITS = 19  # a number whose exponent is above this exceeds MAX_QUANTITY before any suffix
-
-
-def parse_quantity(value: Any) -> int:
-    """A Kubernetes quantity (``1Gi``, ``1073741824``, ``1.5Gi``) as whole bytes, rounded up."""
-    if isinstance(value, bool):
-        raise InvalidQuantity(f"not a quantity: {value!r}")
-    if isinstance(value, int):
-        if value > MAX_QUANTITY:
-            raise InvalidQuantity(f"quantity {value!r} is larger than {MAX_QUANTITY} bytes")
-        return value
-    if not isinstance(value, str):
-        raise InvalidQuantity(f"not a quantity: {value!r}")
-    m = _QUANTITY.match(value.strip())
-    if m is None:
-        raise InvalidQuantity(f"not a quantity: {value!r}")
-    number, exponent, suffix = m.groups()
-    try:
-        base = Decimal(number + (exponent or ""))
-        # Anyone who may write the object can write "1e30000000": refuse what no volume can
-        # be before computing it (a huge exponent costs seconds, or overflows Decimal).
-        if base and base.adjusted() > _MAX_DIGITS:
-            raise InvalidQuantity(f"quantity {value!r} is larger than {MAX_QUANTITY} bytes")
-        amount = base * Decimal(_SUFFIXES[suffix or ""])
-    except ArithmeticError as e:  # decimal's InvalidOperation, Overflow, ...
-        raise InvalidQuantity(f"not a quantity: {value!r}") from e
-    whole = int(amount.to_integral_value(rounding="ROUND_CEILING"))
-    if whole > MAX_QUANTITY:
-        raise InvalidQuantity(f"quantity {value!r} is larger than {MAX_QUANTITY} bytes")
-    return whole
-
-
-def format_quantity(size: int) -> str:
-    """Bytes in BinarySI form, as upstream writes them (``1Gi``, ``1023Mi``, ``4097``)."""
-    if size == 0:
-        return "0"
-    for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
-        unit = int(_SUFFIXES[suffix])
-        if size % unit == 0:
-            return f"{size // unit}{suffix}"
-    return str(size)
+# the quantity helpers, read by many modules from here
+from topolvm.quantity import MAX_QUANTITY as MAX_QUANTITY  # noqa: PLC0414
+from topolvm.quantity import InvalidQuantity as InvalidQuantity  # noqa: PLC0414
+from topolvm.quantity import format_quantity as format_quantity  # noqa: PLC0414
+from topolvm.quantity import parse_quantity as parse_quantity  # noqa: PLC0414
 
 
 class CopyPhase:
@@ -229,6 +175,8 @@ class LogicalVolumeObject:
     verify_id: str = ""
     verify_size: int = 0
     verify: VerifyStatus | None = None  # status.verify
+    # spec.ioLimits: per second, or per second and GiB (topolvm.iolimits reads it)
+    io_limits: dict[str, int] = field(default_factory=dict)
 
     @property
     def verify_pending(self) -> bool:
@@ -290,6 +238,7 @@ class LogicalVolumeObject:
             verify_id=str(_mapping(spec.get("verify")).get("id") or ""),
             verify_size=int_or_zero(_mapping(spec.get("verify")).get("sizeBytes")),
             verify=VerifyStatus.from_dict(status.get("verify")),
+            io_limits={str(k): v for k, v in _mapping(spec.get("ioLimits")).items()},
         )
 
 

@@ -42,6 +42,7 @@ class VolumeRequest:
     access_type: str = ""
     copy_source: str = ""  # spec.copy.source: fill it from this LogicalVolume (another node's)
     copy_keep_cut: bool = False  # a move's copy: the source's node keeps its first cut
+    io_limits: tuple[tuple[str, int], ...] = ()  # spec.ioLimits (topolvm.iolimits.to_spec)
     labels: tuple[tuple[str, str], ...] = ()
     annotations: tuple[tuple[str, str], ...] = ()
     finalizers: tuple[str, ...] = ()
@@ -58,6 +59,8 @@ class VolumeRequest:
             out["copy"] = {"source": self.copy_source}
             if self.copy_keep_cut:
                 out["copy"]["keepCut"] = True
+        if self.io_limits:
+            out["ioLimits"] = dict(self.io_limits)
         return out
 
     def metadata(self) -> dict[str, Any]:
@@ -291,6 +294,26 @@ class LogicalVolumeStore:
             meta = obj["metadata"]
             meta.setdefault("annotations", {})[self.names.resize_requested_at] = requested_at_now()
             obj["spec"]["size"] = format_quantity(size)
+            return True
+
+        stored = await api.modify(self.client, self.resource, name, mutate)
+        return None if stored is None else LogicalVolumeObject.from_dict(stored)
+
+    async def update_io_limits(
+        self, name: str, update: Callable[[dict[str, Any]], dict[str, int]]
+    ) -> LogicalVolumeObject | None:
+        """``spec.ioLimits`` made ``update(stored)`` (none: removed), compare-and-swap on the
+        object as read; None if it is gone."""
+
+        def mutate(obj: api.Obj) -> bool:
+            stored = dict(obj["spec"].get("ioLimits") or {})
+            limits = update(stored)
+            if limits == stored:
+                return False
+            if limits:
+                obj["spec"]["ioLimits"] = dict(limits)
+            else:
+                obj["spec"].pop("ioLimits", None)
             return True
 
         stored = await api.modify(self.client, self.resource, name, mutate)

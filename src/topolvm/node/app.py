@@ -25,6 +25,7 @@ from topolvm.lvmd.server import Options
 from topolvm.node.copies import CopyJobs, CopyOptions
 from topolvm.node.csi_node import NodeService
 from topolvm.node.exporter import CapacityExporter, NodeMetrics
+from topolvm.node.iolimiter import CGROUP_ROOT, IoLimiter
 from topolvm.node.lvmd_client import EmbeddedLvmd, LvmdClient, SocketLvmd
 from topolvm.node.orphans import LvAccounting
 from topolvm.node.reconciler import LogicalVolumeReconciler
@@ -69,6 +70,7 @@ class NodeOptions:
     registration: Registration | None = None  # built-in kubelet plugin registration
     resync: float = 600.0
     lv_accounting_interval: float = 60.0  # topolvm.node.orphans
+    cgroup_root: str = CGROUP_ROOT  # topolvm.node.iolimiter
     probe_interval: float = 60.0
     workers: int = 4
     advertise_capacity_resource: bool = True
@@ -134,7 +136,12 @@ class TopolvmNode:
         checks.append(csidriver_check(client, self.names))
         self.identity = IdentityService(self.names, checks, interval=options.probe_interval)
         self.volumes = LogicalVolumeStore(client, self.names, self.informer)
-        self.node_service = NodeService(options.node_name, self.names, self.lvmd, self.volumes)
+        # each volume's IO limits in the cgroups of the pods that mount it (docs/qos.md)
+        self.io_limits = IoLimiter(client, self.names, options.node_name, self.volumes, volumes,
+                                   options.cgroup_root)  # fmt: skip
+        self.io_limits.watch(self.informer)
+        self.node_service = NodeService(options.node_name, self.names, self.lvmd, self.volumes,
+                                        self.io_limits)  # fmt: skip
         self.node_service.grpc_metrics = GrpcMetrics(self.registry)
 
     async def check_api(self, attempts: int = 30) -> None:
@@ -163,6 +170,7 @@ class TopolvmNode:
         self.parts.spawn(self.accounting.run(), "lv-accounting")
         self.parts.on_stop("copies", self.copies.stop)
         self.parts.on_stop("verifications", self.verifier.stop)
+        self.parts.on_stop("io-limits", self.io_limits.stop)
         self.parts.spawn(self._verify_sweeps(), "verification-cut-sweep")
         await self._serve_transfer()
         await serve_listeners(self.parts, self.options, self.identity, self.node_service,

@@ -111,6 +111,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="seconds between looks for LVs no LogicalVolume accounts for; one is reported "
         "after two looks in a row (default 60)",
     )
+    p.add_argument(
+        "--cgroup-root",
+        default="/sys/fs/cgroup",
+        metavar="PATH",
+        help="where the node's cgroup v2 hierarchy is visible to this process: IO limits "
+        "(docs/qos.md) are written into pods' io.max below it (default /sys/fs/cgroup; the "
+        "chart mounts the host's at /host/sys/fs/cgroup); empty: IO limits are off on this node",
+    )
     add_bool_flag(
         p,
         "--advertise-capacity-resource",
@@ -220,6 +228,7 @@ def options_from_args(args: argparse.Namespace) -> NodeOptions:
         registration=registration_from_args(args),
         resync=args.resync_interval,
         lv_accounting_interval=args.lv_accounting_interval,
+        cgroup_root=args.cgroup_root,
         advertise_capacity_resource=args.advertise_capacity_resource,
         lvmd_options=lvmd_cli.lvm_options(args),
         transfer=transfer_from_args(args),

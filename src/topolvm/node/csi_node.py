@@ -13,13 +13,14 @@ import logging
 import os
 import stat
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from topolvm.constants import Names
 from topolvm.csi.accessmode import mode_name
 from topolvm.csi.mountflags import check_path
 from topolvm.node import mounter
 from topolvm.node.condition import InvalidLvAttr, condition_from_attr
+from topolvm.node.csihooks import PublishHooks, VolumeLookup, run_hook
 from topolvm.node.csirequests import (
     check_capacity_range,
     mount_options,
@@ -41,17 +42,6 @@ DEFAULT_DEVICE_CLASS = ""
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 Code = Status  # gRPC status codes
 AccessMode = csi.VolumeCapability.AccessMode
-
-
-class VolumeLookup(Protocol):
-    async def device_class_of(self, volume_id: str) -> str | None:
-        """Device class of the LogicalVolume whose status.volumeID is volume_id.
-
-        None if there is none.
-        """
-
-    async def unfilled(self, volume_id: str) -> str | None:
-        """Why the volume may not be published yet: a copy still fills it (None: it may)."""
 
 
 _LOGGED = {"volume_id": "volume_id", "target_path": "target", "volume_path": "target"}
@@ -83,11 +73,15 @@ def rpc(fn: F) -> F:
 class NodeService:
     grpc_metrics: status.GrpcMetrics | None = None
 
-    def __init__(self, node_name: str, names: Names, lvmd: LvmdClient, volumes: VolumeLookup):
+    def __init__(
+        self, node_name: str, names: Names, lvmd: LvmdClient, volumes: VolumeLookup,
+        hooks: PublishHooks | None = None,
+    ):  # fmt: skip
         self.node_name = node_name
         self.names = names
         self.lvmd = lvmd
         self.volumes = volumes
+        self.hooks = hooks
         self.locks = KeyedLocks()
 
     # -- helpers ---------------------------------------------------------------------------
@@ -155,6 +149,7 @@ class NodeService:
                 await self._publish_filesystem(
                     volume_id, target, lv.path, fstype, options, request.readonly
                 )
+            await run_hook(self.hooks, "published", volume_id, target, request.volume_context)
         return csi.NodePublishVolumeResponse()
 
     async def _publish_filesystem(
@@ -261,6 +256,7 @@ class NodeService:
         require(target, "target_path")
         check_path(target, "target_path")
         async with self.locks.hold(volume_id):
+            await run_hook(self.hooks, "unpublishing", volume_id, target)
             await self._unpublish(volume_id, target)
         return csi.NodeUnpublishVolumeResponse()
 

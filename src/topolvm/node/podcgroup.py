@@ -1,0 +1,85 @@
+"""Which pod a publish target is for, where the kubelet keeps that pod's cgroup (cgroup v2),
+and what its ``io.max`` and ``io.stat`` say (the line written is
+:func:`topolvm.iolimits.io_max_line`'s): pure, for :mod:`topolvm.node.iolimiter`
+(docs/qos.md).
+
+The kubelet's pod cgroups, relative to the cgroup v2 root:
+
+- cgroupfs driver: ``kubepods/pod<UID>``, ``kubepods/burstable/pod<UID>``,
+  ``kubepods/besteffort/pod<UID>``;
+- systemd driver: ``kubepods.slice/kubepods-pod<U>.slice``,
+  ``kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<U>.slice``, and the same
+  with ``besteffort``, where ``<U>`` is the UID with ``_`` for ``-``.
+
+A kubelet started with ``--cgroup-root`` puts these under another folder: :func:`is_pod_dir`
+recognises a pod's folder by its name alone, for a search below the root.
+"""
+
+from __future__ import annotations
+
+import re
+
+from topolvm.iolimits import FIELDS
+
+_UID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+# a filesystem volume: <kubelet>/pods/<UID>/volumes/kubernetes.io~csi/<pv>/mount
+_MOUNT_TARGET = re.compile(rf"/pods/({_UID})/volumes/")
+# a block volume: <kubelet>/plugins/kubernetes.io/csi/volumeDevices/publish/<pv>/<UID>
+_BLOCK_TARGET = re.compile(rf"/volumeDevices/publish/[^/]+/({_UID})/?$")
+IO_KEYS = tuple(FIELDS.values())  # rbps, wbps, riops, wiops
+
+
+def pod_of_target(path: str) -> str | None:
+    """The UID of the pod a NodePublishVolume target path is for (None: not a kubelet path)."""
+    found = _MOUNT_TARGET.search(path) or _BLOCK_TARGET.search(path)
+    return found.group(1) if found else None
+
+
+def is_block_target(path: str) -> bool:
+    """Whether a publish target is a block volume's (a device node bound from /dev)."""
+    return _BLOCK_TARGET.search(path) is not None
+
+
+def pod_dirs(uid: str) -> tuple[str, ...]:
+    """Where the kubelet puts the cgroup of pod ``uid``, for each QoS class and driver."""
+    u = uid.replace("-", "_")
+    return (
+        f"kubepods/burstable/pod{uid}",
+        f"kubepods/besteffort/pod{uid}",
+        f"kubepods/pod{uid}",
+        f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice",
+        f"kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{u}.slice",
+        f"kubepods.slice/kubepods-pod{u}.slice",
+    )
+
+
+def is_pod_dir(name: str, uid: str) -> bool:
+    """Whether a cgroup folder called ``name`` is the pod ``uid``'s (either driver)."""
+    u = uid.replace("-", "_")
+    return name == f"pod{uid}" or (name.startswith("kubepods-") and name.endswith(f"pod{u}.slice"))
+
+
+def parse_device_lines(text: str) -> dict[tuple[int, int], dict[str, str]]:
+    """``io.max`` or ``io.stat``: per device, its ``key=value`` pairs (lines that do not
+    parse are left out)."""
+    out: dict[tuple[int, int], dict[str, str]] = {}
+    for line in text.splitlines():
+        device, _, rest = line.strip().partition(" ")
+        major, sep, minor = device.partition(":")
+        if not sep or not major.isdigit() or not minor.isdigit():
+            continue
+        pairs = dict(p.split("=", 1) for p in rest.split() if "=" in p)
+        out[(int(major), int(minor))] = pairs
+    return out
+
+
+def limits_in_force(text: str, major: int, minor: int) -> dict[str, int | None]:
+    """What ``io.max`` says for one device: each key's limit, None for ``max`` or absent."""
+    pairs = parse_device_lines(text).get((major, minor), {})
+    return {k: int(v) if v.isdigit() else None for k in IO_KEYS if (v := pairs.get(k, "max"))}
+
+
+def io_counters(text: str, major: int, minor: int) -> dict[str, int]:
+    """``io.stat``'s counters for one device (rbytes, wbytes, rios, wios, ...)."""
+    pairs = parse_device_lines(text).get((major, minor), {})
+    return {k: int(v) for k, v in pairs.items() if v.isdigit()}

@@ -1,0 +1,291 @@
+"""IO limits per claim (docs/qos.md, issue 41) on the real control plane, the real
+csi-provisioner and csi-resizer (ControllerModifyVolume), and a UML node with the real kubelet
+and containerd (cgroupfs driver, cgroup v2, the test bed's kernel with block throttling).
+
+Rates are measured inside the pod with direct-IO writes (busybox dd, oflag=direct); each test
+states the rates it saw. A limit holds when the rate is at most 1.1 times the limit; the rate
+without a limit is the baseline of the same run, never a fixed figure."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import PersistentVolumeClaim, Pod
+
+from devtools.testbed.controlplane import ControlPlane
+from devtools.testbed.driver import DriverStack
+from devtools.testbed.umlnode import UmlNode
+from tests.cluster_fixtures import unique
+from tests.helpers import eventually
+from tests.lvm_fixtures import THICK
+from tests.provisioning import NS, MiB, Scenario, bound, claim, pod, pvc, shared_nodes
+from topolvm.k8s import api
+from topolvm.node import podcgroup
+
+pytestmark = pytest.mark.cluster
+CLASS_LABEL = "topolvm-test=qos"
+_DD = re.compile(r"(\d+) bytes .* copied, ([0-9.]+) seconds")
+
+
+@pytest.fixture(scope="module")
+def qos_nodes(
+    control_plane: ControlPlane, driver: DriverStack, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[UmlNode]]:
+    with shared_nodes(control_plane, tmp_path_factory.mktemp("qos"), "qos", [6], [THICK]) as nodes:
+        yield nodes
+
+
+@pytest.fixture
+async def qos(
+    control_plane: ControlPlane, qos_nodes: list[UmlNode], cluster_client: AsyncClient
+) -> AsyncIterator[Scenario]:
+    s = Scenario(control_plane, cluster_client, qos_nodes)
+    await s.record()
+    try:
+        yield s
+    finally:
+        await s.clean()
+        control_plane.kubectl("delete", "volumeattributesclass", "-l", CLASS_LABEL, check=False)
+
+
+def vac(s: Scenario, **parameters: str) -> str:
+    """A VolumeAttributesClass of this driver with ``parameters`` (``_`` in a key: ``-``)."""
+    name = unique("vac")
+    params = {k.replace("__", "/").replace("_", "-"): v for k, v in parameters.items()}
+    key, value = CLASS_LABEL.split("=")
+    s.cp.apply({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttributesClass",
+                "metadata": {"name": name, "labels": {key: value}},
+                "driverName": s.names.plugin, "parameters": params})  # fmt: skip
+    return name
+
+
+def limited_claim(name: str, sc: str, size: str, attribute_class: str | None) -> dict[str, Any]:
+    c = claim(name, sc, size)
+    if attribute_class:
+        c["spec"]["volumeAttributesClassName"] = attribute_class
+    return c
+
+
+def write_rate(s: Scenario, app: str, path: str, *, block: str = "1M", count: int = 48) -> float:
+    """Bytes per second of a direct-IO write of ``count`` blocks of ``block`` in the pod."""
+    out = s.cp.kubectl(
+        "exec", "-n", NS, app, "--", "sh", "-c",
+        f"dd if=/dev/zero of={path} bs={block} count={count} oflag=direct 2>&1; rm -f {path}",
+    )  # fmt: skip
+    m = _DD.search(out)
+    assert m is not None, out
+    return int(m.group(1)) / float(m.group(2))
+
+
+async def lv_of(s: Scenario, claim_name: str) -> dict[str, Any]:
+    bound_pvc = await bound(s.client, claim_name)
+    lv = await api.get(
+        s.client, api.logicalvolume_resource(s.names), bound_pvc["spec"]["volumeName"]
+    )
+    assert lv is not None
+    return lv
+
+
+async def pod_uid(s: Scenario, app: str) -> str:
+    obj = await api.get(s.client, Pod, app, namespace=NS)
+    assert obj is not None
+    return str(obj["metadata"]["uid"])
+
+
+def io_max(node: UmlNode, uid: str) -> str:
+    for rel in podcgroup.pod_dirs(uid):
+        res = node.exec("cat", f"/sys/fs/cgroup/{rel}/io.max", check=False)
+        if res.rc == 0:
+            return res.stdout
+    raise AssertionError(f"no cgroup with io.max for pod {uid} on {node.name}")
+
+
+async def set_class(s: Scenario, claim_name: str, attribute_class: str) -> None:
+    await api.patch_merge(s.client, PersistentVolumeClaim, claim_name,
+                          {"spec": {"volumeAttributesClassName": attribute_class}},
+                          namespace=NS)  # fmt: skip
+
+
+async def current_class(s: Scenario, claim_name: str, attribute_class: str) -> None:
+    async def check() -> bool:
+        obj = await pvc(s.client, claim_name)
+        st = (obj or {}).get("status") or {}
+        return st.get("currentVolumeAttributesClassName") == attribute_class
+
+    await eventually(f"{claim_name} in class {attribute_class}", check, timeout=120)
+
+
+async def test_a_class_limits_a_pods_writes_and_a_new_class_changes_the_limit_live(
+    qos: Scenario,
+) -> None:
+    s = qos
+    sc = s.sc()
+    slow = vac(s, topolvm_io__write_bytes_per_second="20Mi")
+    fast = vac(s, qosBandwithWritePerSec="50Mi")  # OpenEBS's key, carried over
+    limited, free, app = unique("lim"), unique("free"), unique("app")
+    s.apply(limited_claim(limited, sc, "1Gi", slow), limited_claim(free, sc, "1Gi", None),
+            pod(app, s.group, [limited, free]))  # fmt: skip
+    await s.running(app)
+    lv = await lv_of(s, limited)
+    assert lv["spec"]["ioLimits"] == {"writeBytesPerSecond": 20 * MiB}
+    uid = await pod_uid(s, app)
+
+    at_20 = write_rate(s, app, f"/{limited}/f")
+    unlimited = write_rate(s, app, f"/{free}/f")
+    print(f"direct 1 MiB writes: limited to 20 MiB/s {at_20 / MiB:.1f} MiB/s, "
+          f"unlimited {unlimited / MiB:.1f} MiB/s")  # fmt: skip
+    assert at_20 <= 1.1 * 20 * MiB
+    assert unlimited > 1.1 * at_20
+
+    await set_class(s, limited, fast)
+    await current_class(s, limited, fast)
+    node = s.nodes[0]
+
+    def raised() -> bool:
+        return f"wbps={50 * MiB}" in io_max(node, uid)
+
+    await eventually("the 50 MiB/s limit in force", raised, timeout=60, interval=0.5)
+    at_50 = write_rate(s, app, f"/{limited}/f", count=120)
+    print(f"after the class changed to 50 MiB/s: {at_50 / MiB:.1f} MiB/s")
+    assert at_50 <= 1.1 * 50 * MiB
+    assert at_50 > 1.1 * 20 * MiB
+    obj = await api.get(s.client, Pod, app, namespace=NS)
+    assert obj is not None and obj["metadata"]["uid"] == uid  # the same pod, not restarted
+    assert all(c.get("restartCount", 0) == 0 for c in obj["status"]["containerStatuses"])
+
+
+async def test_an_invalid_class_is_infeasible_and_changes_nothing(qos: Scenario) -> None:
+    s = qos
+    sc = s.sc()
+    good = vac(s, topolvm_io__write_iops="100")
+    bad = vac(s, topolvm_io__write_bytes_per_second="fast")
+    data, app = unique("data"), unique("app")
+    s.apply(limited_claim(data, sc, "1Gi", good), pod(app, s.group, [data]))
+    await s.running(app)
+    uid = await pod_uid(s, app)
+    before = io_max(s.nodes[0], uid)
+    assert "wiops=100" in before
+
+    await set_class(s, data, bad)
+
+    async def infeasible() -> dict[str, Any] | None:
+        obj = await pvc(s.client, data)
+        st = ((obj or {}).get("status") or {}).get("modifyVolumeStatus") or {}
+        return st if st.get("status") == "Infeasible" else None
+
+    status = await eventually("the modify marked Infeasible", infeasible, timeout=120)
+    assert status["targetVolumeAttributesClassName"] == bad
+    lv = await lv_of(s, data)
+    assert lv["spec"]["ioLimits"] == {"writeIOPS": 100}
+    assert io_max(s.nodes[0], uid) == before
+    events = s.cp.kubectl("get", "events", "-n", NS, "--field-selector",
+                          f"involvedObject.name={data}", "-o", "json")  # fmt: skip
+    assert "write-bytes-per-second" in events  # the error names the key
+
+
+async def test_an_iops_limit_holds_for_4k_direct_writes(qos: Scenario) -> None:
+    s = qos
+    sc = s.sc()
+    iops = vac(s, topolvm_io__write_iops="200")
+    data, app = unique("data"), unique("app")
+    s.apply(limited_claim(data, sc, "1Gi", iops), pod(app, s.group, [data]))
+    await s.running(app)
+    rate = write_rate(s, app, f"/{data}/f", block="4k", count=600) / 4096
+    print(f"4 KiB direct writes at a 200 IOPS limit: {rate:.0f} IOPS")
+    assert rate <= 1.1 * 200
+
+
+async def test_a_per_gib_limit_grows_with_an_online_expansion(qos: Scenario) -> None:
+    s = qos
+    sc = s.sc(fs_type="xfs")
+    per_gib = vac(s, topolvm_io__write_bytes_per_second_per_gib="10Mi")
+    data, app = unique("data"), unique("app")
+    s.apply(limited_claim(data, sc, "1Gi", per_gib), pod(app, s.group, [data]))
+    await s.running(app)
+    uid = await pod_uid(s, app)
+    node = s.nodes[0]
+    assert f"wbps={10 * MiB}" in io_max(node, uid)
+    await api.patch_merge(s.client, PersistentVolumeClaim, data,
+                          {"spec": {"resources": {"requests": {"storage": "2Gi"}}}},
+                          namespace=NS)  # fmt: skip
+    await s.expanded(data)
+
+    def doubled() -> bool:
+        return f"wbps={20 * MiB}" in io_max(node, uid)
+
+    await eventually("the limit for 2 GiB in force", doubled, timeout=60, interval=0.5)
+
+
+async def test_limits_come_back_after_topolvm_node_and_the_pod_restart(qos: Scenario) -> None:
+    s = qos
+    sc = s.sc()
+    first = vac(s, topolvm_io__bytes_per_second="30Mi")
+    second = vac(s, topolvm_io__bytes_per_second="40Mi")
+    data, app = unique("data"), unique("app")
+    s.apply(limited_claim(data, sc, "1Gi", first), pod(app, s.group, [data]))
+    await s.running(app)
+    uid = await pod_uid(s, app)
+    node = s.nodes[0]
+    assert f"rbps={30 * MiB} wbps={30 * MiB}" in io_max(node, uid)
+
+    # the class changes while topolvm-node is down: it applies the new one when it starts
+    node.stop_topolvm_node()
+    try:
+        await set_class(s, data, second)
+        lv_name = (await bound(s.client, data))["spec"]["volumeName"]
+
+        async def respec() -> bool:
+            lv = await api.get(s.client, api.logicalvolume_resource(s.names), lv_name)
+            limits = ((lv or {}).get("spec") or {}).get("ioLimits") or {}
+            return bool(limits.get("readBytesPerSecond") == 40 * MiB)
+
+        # csi-resizer's ModifyVolume reaches topolvm-controller, which runs on the host
+        await eventually("spec.ioLimits at 40 MiB/s", respec, timeout=120)
+    finally:
+        node.respawn("topolvm-node")
+
+    def applied() -> bool:
+        return f"wbps={40 * MiB}" in io_max(node, uid)
+
+    await eventually("the 40 MiB/s limit after topolvm-node restarted", applied, timeout=120,
+                     interval=0.5)  # fmt: skip
+
+    # a new pod for the same claim: its publish puts the limit in force
+    await s.delete_pod(app)
+    app2 = unique("app")
+    s.apply(pod(app2, s.group, [data]))
+    await s.running(app2)
+    assert f"wbps={40 * MiB}" in io_max(node, await pod_uid(s, app2))
+
+
+async def test_a_volume_on_a_device_mapper_minor_above_255_is_limited_on_its_own_device(
+    qos: Scenario,
+) -> None:
+    s = qos
+    node = s.nodes[0]
+    # 260 device-mapper devices of the core error target take the low minors
+    node.exec("sh", "-c", "for i in $(seq 1 260); do "
+              "echo '0 8 error' | dmsetup create qos-filler-$i; done")  # fmt: skip
+    try:
+        sc = s.sc()
+        limit = vac(s, topolvm_io__write_bytes_per_second="25Mi")
+        data, app = unique("data"), unique("app")
+        s.apply(limited_claim(data, sc, "1Gi", limit), pod(app, s.group, [data]))
+        await s.running(app)
+        lv = await lv_of(s, data)
+        volume = lv["status"]["volumeID"]
+        found = node.exec("sh", "-c", f"stat -L -c '%t:%T' $(lvs --noheadings -o lv_path "
+                          f"-S lv_name={volume} | tr -d ' ')").stdout.strip()  # fmt: skip
+        major, minor = (int(x, 16) for x in found.split(":"))
+        assert minor > 255, found
+        assert f"{major}:{minor} rbps=max wbps={25 * MiB}" in io_max(node, await pod_uid(s, app))
+        rate = write_rate(s, app, f"/{data}/f")
+        print(f"on {major}:{minor}: {rate / MiB:.1f} MiB/s at a 25 MiB/s limit")
+        assert rate <= 1.1 * 25 * MiB
+    finally:
+        node.exec("sh", "-c", "for i in $(seq 1 260); do dmsetup remove qos-filler-$i; done",
+                  check=False)  # fmt: skip
