@@ -8,7 +8,6 @@ without a limit is the baseline of the same run, never a fixed figure."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -16,6 +15,7 @@ import pytest
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import PersistentVolumeClaim, Pod
 
+from devtools.demo_qos import measured_rate, write_script
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import DriverStack
 from devtools.testbed.umlnode import UmlNode
@@ -28,7 +28,6 @@ from topolvm.node import podcgroup
 
 pytestmark = pytest.mark.cluster
 CLASS_LABEL = "topolvm-test=qos"
-_DD = re.compile(r"(\d+) bytes .* copied, ([0-9.]+) seconds")
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +48,17 @@ async def qos(
         yield s
     finally:
         await s.clean()
-        control_plane.kubectl("delete", "volumeattributesclass", "-l", CLASS_LABEL, check=False)
+        # a class in use keeps its protection finalizer until its volumes are gone
+        control_plane.kubectl("delete", "volumeattributesclass", "-l", CLASS_LABEL,
+                              "--wait=false", check=False)  # fmt: skip
 
 
 def vac(s: Scenario, **parameters: str) -> str:
-    """A VolumeAttributesClass of this driver with ``parameters`` (``_`` in a key: ``-``)."""
+    """A VolumeAttributesClass of this driver with ``parameters``: a keyword ``write_iops``
+    is ``topolvm.io/write-iops``, OpenEBS's ``qos...`` keys stay as they are."""
     name = unique("vac")
-    params = {k.replace("__", "/").replace("_", "-"): v for k, v in parameters.items()}
+    params = {k if k.startswith("qos") else "topolvm.io/" + k.replace("_", "-"): v
+              for k, v in parameters.items()}  # fmt: skip
     key, value = CLASS_LABEL.split("=")
     s.cp.apply({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttributesClass",
                 "metadata": {"name": name, "labels": {key: value}},
@@ -71,14 +74,10 @@ def limited_claim(name: str, sc: str, size: str, attribute_class: str | None) ->
 
 
 def write_rate(s: Scenario, app: str, path: str, *, block: str = "1M", count: int = 48) -> float:
-    """Bytes per second of a direct-IO write of ``count`` blocks of ``block`` in the pod."""
-    out = s.cp.kubectl(
-        "exec", "-n", NS, app, "--", "sh", "-c",
-        f"dd if=/dev/zero of={path} bs={block} count={count} oflag=direct 2>&1; rm -f {path}",
-    )  # fmt: skip
-    m = _DD.search(out)
-    assert m is not None, out
-    return int(m.group(1)) / float(m.group(2))
+    """Bytes per second of a direct-IO write of ``count`` blocks of ``block`` in the pod, timed
+    there (/proc/uptime: 10 ms steps)."""
+    out = s.cp.kubectl("exec", "-n", NS, app, "--", "sh", "-c", write_script(path, block, count))
+    return measured_rate(out)
 
 
 async def lv_of(s: Scenario, claim_name: str) -> dict[str, Any]:
@@ -124,7 +123,7 @@ async def test_a_class_limits_a_pods_writes_and_a_new_class_changes_the_limit_li
 ) -> None:
     s = qos
     sc = s.sc()
-    slow = vac(s, topolvm_io__write_bytes_per_second="20Mi")
+    slow = vac(s, write_bytes_per_second="20Mi")
     fast = vac(s, qosBandwithWritePerSec="50Mi")  # OpenEBS's key, carried over
     limited, free, app = unique("lim"), unique("free"), unique("app")
     s.apply(limited_claim(limited, sc, "1Gi", slow), limited_claim(free, sc, "1Gi", None),
@@ -161,8 +160,8 @@ async def test_a_class_limits_a_pods_writes_and_a_new_class_changes_the_limit_li
 async def test_an_invalid_class_is_infeasible_and_changes_nothing(qos: Scenario) -> None:
     s = qos
     sc = s.sc()
-    good = vac(s, topolvm_io__write_iops="100")
-    bad = vac(s, topolvm_io__write_bytes_per_second="fast")
+    good = vac(s, write_iops="100")
+    bad = vac(s, write_bytes_per_second="fast")
     data, app = unique("data"), unique("app")
     s.apply(limited_claim(data, sc, "1Gi", good), pod(app, s.group, [data]))
     await s.running(app)
@@ -190,7 +189,7 @@ async def test_an_invalid_class_is_infeasible_and_changes_nothing(qos: Scenario)
 async def test_an_iops_limit_holds_for_4k_direct_writes(qos: Scenario) -> None:
     s = qos
     sc = s.sc()
-    iops = vac(s, topolvm_io__write_iops="200")
+    iops = vac(s, write_iops="200")
     data, app = unique("data"), unique("app")
     s.apply(limited_claim(data, sc, "1Gi", iops), pod(app, s.group, [data]))
     await s.running(app)
@@ -202,7 +201,7 @@ async def test_an_iops_limit_holds_for_4k_direct_writes(qos: Scenario) -> None:
 async def test_a_per_gib_limit_grows_with_an_online_expansion(qos: Scenario) -> None:
     s = qos
     sc = s.sc(fs_type="xfs")
-    per_gib = vac(s, topolvm_io__write_bytes_per_second_per_gib="10Mi")
+    per_gib = vac(s, write_bytes_per_second_per_gib="10Mi")
     data, app = unique("data"), unique("app")
     s.apply(limited_claim(data, sc, "1Gi", per_gib), pod(app, s.group, [data]))
     await s.running(app)
@@ -223,8 +222,8 @@ async def test_a_per_gib_limit_grows_with_an_online_expansion(qos: Scenario) -> 
 async def test_limits_come_back_after_topolvm_node_and_the_pod_restart(qos: Scenario) -> None:
     s = qos
     sc = s.sc()
-    first = vac(s, topolvm_io__bytes_per_second="30Mi")
-    second = vac(s, topolvm_io__bytes_per_second="40Mi")
+    first = vac(s, bytes_per_second="30Mi")
+    second = vac(s, bytes_per_second="40Mi")
     data, app = unique("data"), unique("app")
     s.apply(limited_claim(data, sc, "1Gi", first), pod(app, s.group, [data]))
     await s.running(app)
@@ -272,7 +271,7 @@ async def test_a_volume_on_a_device_mapper_minor_above_255_is_limited_on_its_own
               "echo '0 8 error' | dmsetup create qos-filler-$i; done")  # fmt: skip
     try:
         sc = s.sc()
-        limit = vac(s, topolvm_io__write_bytes_per_second="25Mi")
+        limit = vac(s, write_bytes_per_second="25Mi")
         data, app = unique("data"), unique("app")
         s.apply(limited_claim(data, sc, "1Gi", limit), pod(app, s.group, [data]))
         await s.running(app)

@@ -3,8 +3,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
 from topolvm import iolimits
 from topolvm.node import podcgroup
+from topolvm.node.iometrics import InForce, IoLimitCollector
 
 UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 
@@ -55,3 +60,25 @@ def test_io_stat_counters_of_one_device() -> None:
     assert podcgroup.io_counters(text, 254, 300)["wbytes"] == 20 << 20
     assert podcgroup.io_counters(text, 8, 0) == {"rbytes": 1, "wbytes": 2, "rios": 3, "wios": 4}
     assert podcgroup.io_counters(text, 1, 1) == {}
+
+
+def test_the_metrics_show_the_limits_in_force_and_each_pods_io(tmp_path: Path) -> None:
+    pod = tmp_path / f"pod{UID}"
+    pod.mkdir()
+    (pod / "io.stat").write_text(
+        "8:0 rbytes=1 wbytes=2\n254:300 rbytes=4096 wbytes=8192 rios=1 wios=2\n"
+    )
+    gone = tmp_path / "gone"  # a pod whose cgroup went between the sync and the scrape
+    state = InForce(254, 300, {"rbps": None, "wbps": 20 << 20, "riops": None, "wiops": 100},
+                    {UID: pod, "x": gone})  # fmt: skip
+    registry = CollectorRegistry()
+    registry.register(IoLimitCollector("n1", lambda: {"pvc-1": state}))
+    get = registry.get_sample_value
+    assert get("topolvm_volume_io_limit", {"node": "n1", "volume": "pvc-1", "key": "wbps"}) == (
+        20 << 20
+    )
+    assert get("topolvm_volume_io_limit", {"node": "n1", "volume": "pvc-1", "key": "rbps"}) is None
+    assert get("topolvm_volume_io_total",
+               {"node": "n1", "volume": "pvc-1", "pod": UID, "kind": "wbytes"}) == 8192  # fmt: skip
+    assert get("topolvm_volume_io_total",
+               {"node": "n1", "volume": "pvc-1", "pod": "x", "kind": "wbytes"}) is None  # fmt: skip

@@ -26,6 +26,7 @@ from topolvm.node.copies import CopyJobs, CopyOptions
 from topolvm.node.csi_node import NodeService
 from topolvm.node.exporter import CapacityExporter, NodeMetrics
 from topolvm.node.iolimiter import CGROUP_ROOT, IoLimiter
+from topolvm.node.iometrics import IoLimitCollector
 from topolvm.node.lvmd_client import EmbeddedLvmd, LvmdClient, SocketLvmd
 from topolvm.node.orphans import LvAccounting
 from topolvm.node.reconciler import LogicalVolumeReconciler
@@ -140,6 +141,7 @@ class TopolvmNode:
         self.io_limits = IoLimiter(client, self.names, options.node_name, self.volumes, volumes,
                                    options.cgroup_root)  # fmt: skip
         self.io_limits.watch(self.informer)
+        self.registry.register(IoLimitCollector(options.node_name, lambda: self.io_limits.in_force))
         self.node_service = NodeService(options.node_name, self.names, self.lvmd, self.volumes,
                                         self.io_limits)  # fmt: skip
         self.node_service.grpc_metrics = GrpcMetrics(self.registry)

@@ -40,6 +40,7 @@ from topolvm.k8s.lvobject import LogicalVolumeObject
 from topolvm.k8s.lvstore import AmbiguousVolumeId, LogicalVolumeStore
 from topolvm.k8s.runtime import Informer
 from topolvm.node import mounter, podcgroup
+from topolvm.node.iometrics import InForce
 from topolvm.node.volumes import LvmdVolumes
 from topolvm.quantity import InvalidQuantity
 from topolvm.rpc.locks import KeyedLocks
@@ -93,6 +94,7 @@ class IoLimiter:
         self._retry: dict[str, float] = {}  # volume -> the next retry's delay
         self._locks = KeyedLocks()  # per volume: a sync, or an unpublish's lift
         self._pod_parents: set[Path] = set()  # folders below the root where pods were found
+        self.in_force: dict[str, InForce] = {}  # volume -> its limits as written (metrics)
 
     # -- wiring ---------------------------------------------------------------------------
 
@@ -104,6 +106,7 @@ class IoLimiter:
             name = str(obj["metadata"]["name"])
             if event == "DELETED":
                 self._applied.pop(name, None)
+                self.in_force.pop(name, None)
                 self._retry.pop(name, None)
                 self._warned = {w for w in self._warned if w[0] != name}
                 return
@@ -227,6 +230,7 @@ class IoLimiter:
             device = await self._device(lv)
             line = iolimits.io_max_line(device.major, device.minor, limits, device.size)
             pods = await asyncio.to_thread(self._pods_using, device)
+            written: dict[str, Path] = {}
             for uid in sorted(pods - self._leaving):
                 folder = await asyncio.to_thread(self._pod_dir, uid)
                 if folder is None:
@@ -239,8 +243,14 @@ class IoLimiter:
                 if limits.none and not await asyncio.to_thread(_has_entry, folder, device):
                     continue  # nothing to lift
                 await asyncio.to_thread(self._write, folder, line)
+                written[uid] = folder
                 log.info("io limits in force", extra={"lv": lv.name, "pod": uid, "line": line})
             self._applied[lv.name] = _key(lv)
+            if limits.none:
+                self.in_force.pop(lv.name, None)
+            else:
+                self.in_force[lv.name] = InForce(device.major, device.minor,
+                                                 limits.at(device.size), written)  # fmt: skip
 
     async def _device(self, lv: LogicalVolumeObject) -> Device:
         info = await self.volumes.describe(lv.volume_id, lv.device_class)
