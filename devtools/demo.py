@@ -13,11 +13,11 @@
    replaced by the StatefulSet finds its data; a volume is resized online (``df`` in the
    container); a replica's audit claim gets an IO limit from a VolumeAttributesClass while it
    runs, its write rate measured before and after (devtools/demo_qos.py);
-6.-8. a thin volume's snapshot is restored for a pod on another node, copied there by
+7.-9. a thin volume's snapshot is restored for a pod on another node, copied there by
    topolvm-node; vault-2's thick audit volume is snapshotted onto another node, deleted, and
    restored from there for a new vault-2; a fourth node joins and ``topolvm move`` moves the
    replica alone on its node there, both claims, while it runs (devtools/demo_data.py);
-9.-10. the cluster's view, then everything is removed and stopped.
+10.-11. the cluster's view, then everything is removed and stopped.
 
 Nothing outlives the process: its network namespace (and the TAP links in it) ends with it, and
 every child process and UML guest is killed with it. Logs stay in .cache/demo/ until the next run.
@@ -84,7 +84,8 @@ SECRET = "cat /vault/data/secret.txt"
 
 @dataclass
 class Demo(VolumeSteps):
-    """Steps 2 to 10, on the test bed that step 1 started (6 to 8 in devtools/demo_data.py)."""
+    """Steps 2 to 11, on the test bed that step 1 started (6 in devtools/demo_qos.py, 7 to 9 in
+    devtools/demo_data.py)."""
 
     steps: Steps = field(default_factory=Steps)
 
@@ -225,11 +226,13 @@ class Demo(VolumeSteps):
             "still there")  # fmt: skip
         kubectl(cp, "get", "pvc", pvc)
 
+    # --- 6 ------------------------------------------------------------------------------
+
     def io_limits(self) -> None:
         pod = "vault-0"
         demo_qos.limit_audit(self.kube, pod, self.node(self.placement[pod]), NORMAL.plugin)
 
-    # --- 9 ------------------------------------------------------------------------------
+    # --- 10 -----------------------------------------------------------------------------
 
     def view(self) -> None:
         cp = self.kube
@@ -243,7 +246,7 @@ class Demo(VolumeSteps):
                             f"{self.logs()}")  # fmt: skip
         say("  every container of the chart still in its first run (RESTARTS 0)")
 
-    # --- 10 -----------------------------------------------------------------------------
+    # --- 11 -----------------------------------------------------------------------------
 
     def remove(self) -> None:
         cp = self.kube

@@ -1,4 +1,4 @@
-"""Steps 6 to 8 of ``make demo`` (devtools/demo.py): data that leaves its node. A thin volume's
+"""Steps 7 to 9 of ``make demo`` (devtools/demo.py): data that leaves its node. A thin volume's
 snapshot restored for a pod on another node; a Vault replica's thick audit volume snapshotted
 onto another node, deleted, and restored from there; a new node joins and ``topolvm move``
 moves a Vault replica, both its claims, there while it runs (docs/mobility.md)."""
@@ -107,7 +107,7 @@ class VolumeSteps(DemoBed):
                 "--sort-by=.lastTimestamp", "-o", "custom-columns=REASON:.reason,"
                 "FROM:.source.component,MESSAGE:.message")  # fmt: skip
 
-    # --- 6 ------------------------------------------------------------------------------
+    # --- 7 ------------------------------------------------------------------------------
 
     def snapshot(self) -> None:
         cp = self.kube
@@ -139,7 +139,7 @@ class VolumeSteps(DemoBed):
         say(f"  the reader on {other} sees the file as it was at the snapshot")
         self.lvs(other)
 
-    # --- 7 ------------------------------------------------------------------------------
+    # --- 8 ------------------------------------------------------------------------------
 
     def seed(self) -> None:
         """vault-2's audit volume snapshotted onto another node, its claims deleted, and a new
@@ -205,7 +205,7 @@ class VolumeSteps(DemoBed):
         say(f"  vault-2 on {node} reads its audit log as it was at the snapshot (copied from "
             f"{kept}), then its new start")  # fmt: skip
 
-    # --- 8 ------------------------------------------------------------------------------
+    # --- 9 ------------------------------------------------------------------------------
 
     def move(self) -> None:
         """A new node joins; ``topolvm move`` moves a replica there, its data and audit claims
