@@ -112,7 +112,7 @@ image: deps umlkernel
 
 # Reports: a figure over its target is marked OVER. Every benchmark runs even if one fails to run;
 # make bench then fails at the end, naming it.
-BENCHES = lvmd_bench scheduler_bench controller_bench kubelet_bench idle_bench transfer_loopback_bench transfer_bench
+BENCHES = lvmd_bench scheduler_bench controller_bench kubelet_bench idle_bench transfer_loopback_bench transfer_bench iolimits_bench
 bench: deps gotools umlkernel
 	@failed=""; for b in $(BENCHES); do $(PY) -m bench.$$b || failed="$$failed $$b"; done; \
 	if [ -n "$$failed" ]; then echo "failed:$$failed"; exit 1; fi

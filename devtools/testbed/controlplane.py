@@ -52,6 +52,9 @@ KCM_CONTROLLERS = (
     "endpointslice-controller",
     "root-ca-certificate-publisher-controller",
     "disruption-controller",  # PodDisruptionBudgets' status, which topolvm drain honours
+    # a VolumeAttributesClass keeps its protection finalizer while a claim or volume names it
+    # (docs/qos.md); without this controller, deleting one never ends
+    "volumeattributesclass-protection-controller",
 )
 DEFAULT_NODE_CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
 
