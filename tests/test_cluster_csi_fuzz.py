@@ -80,6 +80,15 @@ params = st.dictionaries(
     | st.text(max_size=20),
     max_size=4,
 )  # fmt: skip
+# a VolumeAttributesClass's parameters (docs/qos.md): our keys, OpenEBS's, and anything
+mutable = st.dictionaries(
+    st.sampled_from(["topolvm.io/write-bytes-per-second", "topolvm.io/iops-per-gib",
+                     "topolvm.io/read-iops", "qosIopsLimit", "qosBandwithPerSec"])
+    | st.text(max_size=20),
+    st.sampled_from(["20Mi", "max", "0", "1", "1.5", "-3", "1e40", "500m", "2", "7000Mi", ""])
+    | st.integers(-(2**70), 2**70).map(str) | st.text(max_size=12),
+    max_size=4,
+)  # fmt: skip
 capabilities = st.lists(
     st.builds(
         lambda block, fs, flags, mode: csi.VolumeCapability(
@@ -124,13 +133,13 @@ def test_the_controller_answers_any_request_with_a_csi_code(
 
     @fuzz
     @given(texts, sizes, sizes, capabilities, params, _topologies(node), _topologies(node),
-           _sources(made))  # fmt: skip
+           _sources(made), mutable)  # fmt: skip
     def create(name: str, required: int, limit: int, caps: Any, parameters: Any,
-               requisite: Any, preferred: Any, source: Any) -> None:  # fmt: skip
+               requisite: Any, preferred: Any, source: Any, attributes: Any) -> None:  # fmt: skip
         request = csi.CreateVolumeRequest(
             name=name, capacity_range=csi.CapacityRange(required_bytes=required,
                                                         limit_bytes=limit),
-            volume_capabilities=caps, parameters=parameters,
+            volume_capabilities=caps, parameters=parameters, mutable_parameters=attributes,
             accessibility_requirements=csi.TopologyRequirement(requisite=requisite,
                                                                 preferred=preferred),
         )  # fmt: skip
@@ -154,9 +163,13 @@ def test_the_controller_answers_any_request_with_a_csi_code(
         assert code in ALLOWED, (code, request)
 
     @fuzz
-    @given(ids, sizes, sizes, capabilities)
-    def others(volume_id: str, required: int, limit: int, caps: Any) -> None:
+    @given(ids, sizes, sizes, capabilities, mutable)
+    def others(volume_id: str, required: int, limit: int, caps: Any, attributes: Any) -> None:
+        if made and len(volume_id) % 2:
+            volume_id = made[hash(volume_id) % len(made)]  # a volume that exists, half the time
         for method, request in (
+            ("ControllerModifyVolume", csi.ControllerModifyVolumeRequest(
+                volume_id=volume_id, mutable_parameters=attributes)),
             ("ControllerExpandVolume", csi.ControllerExpandVolumeRequest(
                 volume_id=volume_id,
                 capacity_range=csi.CapacityRange(required_bytes=required, limit_bytes=limit),
