@@ -5,9 +5,11 @@ and csi-resizer, one UML Kubernetes node with containerd and the kubelet, the ch
 one busybox pod that mounts five 1 GiB claims: one without a class, one of a class whose limits
 are all ``max`` (unlimited), and three of classes with a write limit of 10, 30 and 60 MiB/s.
 
-1. Overhead of an unlimited class: 4 KiB direct writes (``dd oflag=direct``, timed in the
-   container) on the claim of the unlimited class against the claim without one, alternating,
-   ``--rounds`` times each; the medians' ratio. Target: the unlimited class costs <= 2%.
+1. Overhead of an unlimited class: 32 MiB of 4 KiB direct writes (``dd oflag=direct``, timed
+   in the container) on the claim of the unlimited class against the claim without one, in
+   ABBA order, ``--rounds`` times each; the medians' ratio. Target: the unlimited class costs
+   <= 2%. (An unlimited class writes no io.max line at all: what this measures beyond noise
+   would be the device-mapper devices' own difference.)
 2. How closely a limit holds: 1 MiB direct writes for about 3 s on each limited claim; the
    rate / the limit. Target: <= 1.1, and >= 0.8 (a limit that holds back more than asked is
    wrong too).
@@ -91,10 +93,12 @@ def rate(claim: str, block: str, count: int) -> float:
 def measure(rounds: int) -> dict[str, Any]:
     kubectl("apply", "-f", "-", stdin="\n---\n".join(json.dumps(o) for o in objects()))
     kubectl("wait", "-n", NS, "--for=condition=Ready", f"pod/{POD}", "--timeout=300s")
-    none, unlimited = [], []
-    for _ in range(rounds):
-        none.append(rate("bench-none", "4k", 4000) / 4096)
-        unlimited.append(rate("bench-unlimited", "4k", 4000) / 4096)
+    none: list[float] = []
+    unlimited: list[float] = []
+    for r in range(rounds):  # ABBA: neither claim always goes first
+        pair = [("bench-none", none), ("bench-unlimited", unlimited)]
+        for claim, into in pair if r % 2 == 0 else pair[::-1]:
+            into.append(rate(claim, "4k", 8000) / 4096)
     overhead = 1 - statistics.median(unlimited) / statistics.median(none)
     held = {}
     for m in LIMITS_MIB:
@@ -109,7 +113,7 @@ def measure(rounds: int) -> dict[str, Any]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=12)
     args = p.parse_args()
     if cluster.up(1, 12.0) != 0:
         return 1
