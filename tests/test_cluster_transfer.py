@@ -358,9 +358,13 @@ async def test_a_move_survives_a_power_cut_of_its_target_at_every_step(abc: Scen
             described = s.cp.kubectl("describe", "pod", w.pod, "-n", NS, check=False)
             kubelet = target.daemon("kubelet", lines=15)
             dmesg = target.exec("dmesg", check=False).stdout[-1500:]
+            # where the copy stood: both ends' topolvm-node (the source's node: the other one
+            # that took part; the target's since its last boot)
+            copy_logs = "\n".join(f"topolvm-node on {n.name}:\n{n.node_log(lines=40)}"
+                                  for n in s.nodes)  # fmt: skip
             raise AssertionError(f"{e}\ncuts: {cuts}\n{described[-1500:]}\nkubelet: running "
                                  f"{kubelet['running']}, rc {kubelet['rc']}\n{kubelet['log']}"
-                                 f"\ndmesg:\n{dmesg}") from e  # fmt: skip
+                                 f"\ndmesg:\n{dmesg}\n{copy_logs}") from e  # fmt: skip
         vm = await move_done(s.client, w.claim)
         assert vm.status.phase == MovePhase.SUCCEEDED, (cuts, vm.status)
         # every step but one that passed while the node was booting (the swap is quick)
