@@ -46,6 +46,16 @@ def measured_rate(out: str) -> float:
     return size / max(end - start, 0.01)
 
 
+def pod_io_max(node: UmlNode, uid: str) -> str | None:
+    """The io.max of pod ``uid``'s cgroup on ``node`` (cgroupfs or systemd driver), or None
+    when the node has no such cgroup."""
+    for rel in podcgroup.pod_dirs(uid):
+        res = node.exec("cat", f"/sys/fs/cgroup/{rel}/io.max", check=False)
+        if res.rc == 0:
+            return res.stdout
+    return None
+
+
 def write_rate(cp: ControlPlane, pod: str) -> float:
     """MiB/s of a 48 MiB direct-IO write into the pod's audit volume."""
     return measured_rate(in_pod(cp, pod, write_script(PROBE))) / MiB
@@ -68,11 +78,8 @@ def limit_audit(cp: ControlPlane, pod: str, node: UmlNode, driver: str) -> None:
     uid = get_json(cp, "pod", pod, "-n", NS)["metadata"]["uid"]
 
     def io_max() -> str:
-        for rel in podcgroup.pod_dirs(uid):
-            res = node.exec("cat", f"/sys/fs/cgroup/{rel}/io.max", check=False)
-            if res.rc == 0 and f"wbps={LIMIT_MIB * MiB}" in res.stdout:
-                return res.stdout.strip()
-        return ""
+        text = pod_io_max(node, uid) or ""
+        return text.strip() if f"wbps={LIMIT_MIB * MiB}" in text else ""
 
     line = until(f"the limit in {pod}'s cgroup on {node.name}", io_max, 60)
     pv = cp.kubectl("get", "pvc", claim, "-n", NS, "-o", "jsonpath={.spec.volumeName}")

@@ -15,7 +15,7 @@ import pytest
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import PersistentVolumeClaim, Pod
 
-from devtools.demo_qos import measured_rate, write_script
+from devtools.demo_qos import measured_rate, pod_io_max, write_script
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.driver import DriverStack
 from devtools.testbed.umlnode import UmlNode
@@ -24,7 +24,6 @@ from tests.helpers import eventually
 from tests.lvm_fixtures import THICK
 from tests.provisioning import NS, MiB, Scenario, bound, claim, pod, pvc, shared_nodes
 from topolvm.k8s import api
-from topolvm.node import podcgroup
 
 pytestmark = pytest.mark.cluster
 CLASS_LABEL = "topolvm-test=qos"
@@ -95,12 +94,19 @@ async def pod_uid(s: Scenario, app: str) -> str:
     return str(obj["metadata"]["uid"])
 
 
+async def running_with(s: Scenario, sc: str, attribute_class: str) -> tuple[str, str, str]:
+    """A 1 GiB claim of ``attribute_class`` and a pod that mounts it, running: the claim's and
+    the pod's names, and the pod's UID."""
+    data, app = unique("data"), unique("app")
+    s.apply(limited_claim(data, sc, "1Gi", attribute_class), pod(app, s.group, [data]))
+    await s.running(app)
+    return data, app, await pod_uid(s, app)
+
+
 def io_max(node: UmlNode, uid: str) -> str:
-    for rel in podcgroup.pod_dirs(uid):
-        res = node.exec("cat", f"/sys/fs/cgroup/{rel}/io.max", check=False)
-        if res.rc == 0:
-            return res.stdout
-    raise AssertionError(f"no cgroup with io.max for pod {uid} on {node.name}")
+    text = pod_io_max(node, uid)
+    assert text is not None, f"no cgroup with io.max for pod {uid} on {node.name}"
+    return text
 
 
 async def set_class(s: Scenario, claim_name: str, attribute_class: str) -> None:
@@ -162,10 +168,7 @@ async def test_an_invalid_class_is_infeasible_and_changes_nothing(qos: Scenario)
     sc = s.sc()
     good = vac(s, write_iops="100")
     bad = vac(s, write_bytes_per_second="fast")
-    data, app = unique("data"), unique("app")
-    s.apply(limited_claim(data, sc, "1Gi", good), pod(app, s.group, [data]))
-    await s.running(app)
-    uid = await pod_uid(s, app)
+    data, _, uid = await running_with(s, sc, good)
     before = io_max(s.nodes[0], uid)
     assert "wiops=100" in before
 
@@ -190,9 +193,7 @@ async def test_an_iops_limit_holds_for_4k_direct_writes(qos: Scenario) -> None:
     s = qos
     sc = s.sc()
     iops = vac(s, write_iops="200")
-    data, app = unique("data"), unique("app")
-    s.apply(limited_claim(data, sc, "1Gi", iops), pod(app, s.group, [data]))
-    await s.running(app)
+    data, app, _ = await running_with(s, sc, iops)
     rate = write_rate(s, app, f"/{data}/f", block="4k", count=600) / 4096
     print(f"4 KiB direct writes at a 200 IOPS limit: {rate:.0f} IOPS")
     assert rate <= 1.1 * 200
@@ -202,10 +203,7 @@ async def test_a_per_gib_limit_grows_with_an_online_expansion(qos: Scenario) -> 
     s = qos
     sc = s.sc(fs_type="xfs")
     per_gib = vac(s, write_bytes_per_second_per_gib="10Mi")
-    data, app = unique("data"), unique("app")
-    s.apply(limited_claim(data, sc, "1Gi", per_gib), pod(app, s.group, [data]))
-    await s.running(app)
-    uid = await pod_uid(s, app)
+    data, _, uid = await running_with(s, sc, per_gib)
     node = s.nodes[0]
     assert f"wbps={10 * MiB}" in io_max(node, uid)
     await api.patch_merge(s.client, PersistentVolumeClaim, data,
@@ -224,10 +222,7 @@ async def test_limits_come_back_after_topolvm_node_and_the_pod_restart(qos: Scen
     sc = s.sc()
     first = vac(s, bytes_per_second="30Mi")
     second = vac(s, bytes_per_second="40Mi")
-    data, app = unique("data"), unique("app")
-    s.apply(limited_claim(data, sc, "1Gi", first), pod(app, s.group, [data]))
-    await s.running(app)
-    uid = await pod_uid(s, app)
+    data, app, uid = await running_with(s, sc, first)
     node = s.nodes[0]
     assert f"rbps={30 * MiB} wbps={30 * MiB}" in io_max(node, uid)
 
@@ -272,16 +267,14 @@ async def test_a_volume_on_a_device_mapper_minor_above_255_is_limited_on_its_own
     try:
         sc = s.sc()
         limit = vac(s, write_bytes_per_second="25Mi")
-        data, app = unique("data"), unique("app")
-        s.apply(limited_claim(data, sc, "1Gi", limit), pod(app, s.group, [data]))
-        await s.running(app)
+        data, app, uid = await running_with(s, sc, limit)
         lv = await lv_of(s, data)
         volume = lv["status"]["volumeID"]
         found = node.exec("sh", "-c", f"stat -L -c '%t:%T' $(lvs --noheadings -o lv_path "
                           f"-S lv_name={volume} | tr -d ' ')").stdout.strip()  # fmt: skip
         major, minor = (int(x, 16) for x in found.split(":"))
         assert minor > 255, found
-        assert f"{major}:{minor} rbps=max wbps={25 * MiB}" in io_max(node, await pod_uid(s, app))
+        assert f"{major}:{minor} rbps=max wbps={25 * MiB}" in io_max(node, uid)
         rate = write_rate(s, app, f"/{data}/f")
         print(f"on {major}:{minor}: {rate / MiB:.1f} MiB/s at a 25 MiB/s limit")
         assert rate <= 1.1 * 25 * MiB
