@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import PersistentVolumeClaim, Pod
+from lightkube.resources.core_v1 import Node, PersistentVolumeClaim, Pod
 
 from devtools.demo_qos import measured_rate, pod_io_max, write_script
 from devtools.testbed.controlplane import ControlPlane
@@ -23,7 +23,9 @@ from tests.cluster_fixtures import unique
 from tests.helpers import eventually
 from tests.lvm_fixtures import THICK
 from tests.provisioning import NS, MiB, Scenario, bound, claim, pod, pvc, shared_nodes
+from topolvm.iolimits import NODE_CONDITION
 from topolvm.k8s import api
+from topolvm.node import podcgroup
 
 pytestmark = pytest.mark.cluster
 CLASS_LABEL = "topolvm-test=qos"
@@ -225,6 +227,14 @@ async def test_limits_come_back_after_topolvm_node_and_the_pod_restart(qos: Scen
     data, app, uid = await running_with(s, sc, first)
     node = s.nodes[0]
     assert f"rbps={30 * MiB} wbps={30 * MiB}" in io_max(node, uid)
+
+    async def node_says_in_force() -> bool:  # the Node condition: limits can be put in force
+        obj = await api.get(s.client, Node, node.name)
+        found = {c["type"]: c for c in ((obj or {}).get("status") or {}).get("conditions", [])}
+        said = found.get(NODE_CONDITION) or {}
+        return (said.get("status"), said.get("reason")) == ("False", podcgroup.SUPPORTED)
+
+    await eventually(f"{NODE_CONDITION} False on {node.name}", node_says_in_force, timeout=30)
 
     # the class changes while topolvm-node is down: it applies the new one when it starts
     node.stop_topolvm_node()

@@ -8,7 +8,7 @@ from tests import doctor_scenarios as s
 from topolvm.doctor.checks import all_checks
 from topolvm.doctor.model import Finding, Severity
 from topolvm.doctor.snapshot import Obj, Snapshot
-from topolvm.iolimits import EVENT_NAMESPACE, NOT_IN_FORCE_REASON
+from topolvm.iolimits import EVENT_NAMESPACE, NODE_CONDITION, NOT_IN_FORCE_REASON
 
 
 def run(snap: Snapshot) -> list[Finding]:
@@ -60,3 +60,20 @@ def test_a_volume_whose_node_cannot_limit_it_is_named_with_the_nodes_words() -> 
     # without limits in the spec, an old Event is not a finding
     lv["spec"].pop("ioLimits")
     assert run(s.snapshot((kind, lv), event)) == []
+
+
+def test_a_volume_on_a_node_whose_condition_says_it_cannot_limit_is_named() -> None:
+    kind, lv = s.lv("pvc-2", "w2")
+    lv["spec"]["ioLimits"] = {"readIOPS": 200}
+    [(nodes, w2)] = s.node("w2", csi=False)
+    message = "the kernel of node w2 offers no io controller (cgroup.controllers: cpu memory)"
+    w2["status"]["conditions"] = [
+        {"type": "Ready", "status": "True"},
+        {"type": NODE_CONDITION, "status": "True", "reason": "NoIOController", "message": message},
+    ]
+    [f] = run(s.snapshot((kind, lv), (nodes, w2)))
+    assert f.title == "LogicalVolume pvc-2: IO limits not in force on node w2"
+    assert f"Node w2: condition {NODE_CONDITION} True (NoIOController): {message}" in f.evidence
+    # a node that can limit (status False) is no finding
+    w2["status"]["conditions"][1].update(status="False", reason="CgroupV2IO")
+    assert run(s.snapshot((kind, lv), (nodes, w2))) == []

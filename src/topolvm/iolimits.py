@@ -67,6 +67,8 @@ ALIASES: dict[str, str] = {  # OpenEBS LVM LocalPV's keys
 # reads it), posted about the LogicalVolume in this namespace (the object is cluster-wide)
 NOT_IN_FORCE_REASON = "IOLimitsNotInForce"
 EVENT_NAMESPACE = "default"
+# topolvm-node's condition on its Node: True when the node cannot put limits in force at all
+NODE_CONDITION = "TopoLVMIOLimitsUnsupported"
 
 
 class InvalidLimits(ValueError):

@@ -282,6 +282,16 @@ async def patch_merge(client: AsyncClient, res: Resource, name: str, patch: Obj,
     return to_dict(result)
 
 
+async def patch_strategic(
+    client: AsyncClient, res: Resource, name: str, patch: Obj, **kw: Any
+) -> Obj:  # fmt: skip
+    """Strategic merge patch of a built-in resource: a list with a merge key (a Node's
+    ``status.conditions`` by ``type``) keeps the entries the patch does not name."""
+    with translated():
+        result = await client.patch(res, name, patch, patch_type=PatchType.STRATEGIC, **kw)
+    return to_dict(result)
+
+
 async def create(client: AsyncClient, obj: Any, *, dry_run: bool = False) -> Obj:
     """Create ``obj`` (a lightkube model); :class:`AlreadyExists` if the name is taken. With
     ``dry_run`` the API server admits it (webhooks included) and stores nothing."""

@@ -173,6 +173,7 @@ class TopolvmNode:
         self.parts.on_stop("copies", self.copies.stop)
         self.parts.on_stop("verifications", self.verifier.stop)
         self.parts.on_stop("io-limits", self.io_limits.stop)
+        self.parts.spawn(self.io_limits.condition.start(), "io-limits-node-condition")
         self.parts.spawn(self._verify_sweeps(), "verification-cut-sweep")
         await self._serve_transfer()
         await serve_listeners(self.parts, self.options, self.identity, self.node_service,

@@ -16,9 +16,9 @@ memory that a restart would lose.
 
 A node whose cgroups cannot take a limit (cgroup v1, no io controller, a kernel without block
 throttling, topolvm-node without the host's cgroups) says so: a warning Event on the
-LogicalVolume (and the pod when known) and the log, once per volume and reason; the volume
-works without limits. Paths and the line's form are :mod:`topolvm.node.podcgroup`'s and
-:mod:`topolvm.iolimits`'s (pure).
+LogicalVolume (and the pod when known) and the log, once per volume and reason, and the Node
+condition (:mod:`topolvm.node.iocondition`); the volume works without limits. Paths and the
+line's form are :mod:`topolvm.node.podcgroup`'s and :mod:`topolvm.iolimits`'s (pure).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from topolvm.k8s.lvobject import LogicalVolumeObject
 from topolvm.k8s.lvstore import AmbiguousVolumeId, LogicalVolumeStore
 from topolvm.k8s.runtime import Informer
 from topolvm.node import mounter, podcgroup
+from topolvm.node.iocondition import NodeCondition, read_support
 from topolvm.node.iometrics import InForce
 from topolvm.node.volumes import LvmdVolumes
 from topolvm.quantity import InvalidQuantity
@@ -55,6 +56,14 @@ RETRY_FIRST, RETRY_MOST = 2.0, 60.0
 
 class IoLimitError(Exception):
     """A limit cannot be put in force on this node; the message says why and what to do."""
+
+
+class NodeCannotLimit(IoLimitError):
+    """No limit can be put in force on this node (the Node condition says why)."""
+
+    def __init__(self, support: podcgroup.Support) -> None:
+        super().__init__(support.message)
+        self.support = support
 
 
 @dataclass(frozen=True)
@@ -84,10 +93,13 @@ class IoLimiter:
         self.store = store
         self.volumes = volumes
         self.root = Path(root) if root else None  # None: limits are off on this node
+        self.condition = NodeCondition(client, node, self.root)
         self.mountinfo = mountinfo
         self._applied: dict[str, tuple[tuple[tuple[str, int], ...], int]] = {}  # name -> _key
         self._pods: dict[str, PodRef] = {}  # pod UID -> pod, while it has a volume published
-        self._leaving: set[str] = set()  # pod UIDs being unpublished: no sync limits them again
+        # (pod UID, volume) being unpublished: no sync limits them again (kept until the pod
+        # publishes the volume again, or a sync of the volume no longer finds it mounted there)
+        self._leaving: set[tuple[str, str]] = set()
         self._warned: set[tuple[str, str]] = set()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._again: set[str] = set()  # volumes asked for while their sync runs
@@ -109,6 +121,7 @@ class IoLimiter:
                 self.in_force.pop(name, None)
                 self._retry.pop(name, None)
                 self._warned = {w for w in self._warned if w[0] != name}
+                self._leaving = {w for w in self._leaving if w[1] != name}
                 return
             try:
                 lv = LogicalVolumeObject.from_dict(obj)
@@ -170,7 +183,7 @@ class IoLimiter:
             return  # no limits (and none written by this process: the start-up sync lifts)
         if uid and name and namespace:
             self._pods[uid] = PodRef(namespace, name)
-        self._leaving.discard(uid or "")
+        self._leaving.discard((uid or "", lv.name))
         self.schedule(lv.name)
         task = self._tasks.get(lv.name)
         if task is not None:  # in force before the container starts, as far as it can be
@@ -187,7 +200,7 @@ class IoLimiter:
         if lv is None:
             return
         async with self._locks.hold(lv.name):
-            self._leaving.add(uid)
+            self._leaving.add((uid, lv.name))
             try:
                 device = await self._device(lv)
                 folder = await asyncio.to_thread(self._pod_dir, uid)
@@ -204,6 +217,9 @@ class IoLimiter:
         try:
             await self.sync(lv)
             self._retry.pop(lv.name, None)
+        except NodeCannotLimit as e:
+            await self.condition.report(e.support)
+            await self._warn(lv, str(e))
         except IoLimitError as e:
             await self._warn(lv, str(e))
         except (TransferError, mounter.MountError, kube.KubeError, OSError) as e:
@@ -222,16 +238,15 @@ class IoLimiter:
         if self.root is None:
             if limits.none:
                 return
-            raise IoLimitError(
-                f"IO limits are off on node {self.node}: its topolvm-node runs with an empty "
-                "--cgroup-root (chart: node.ioLimits.enabled false)"
-            )
+            raise NodeCannotLimit(podcgroup.support(self.node, None))
         async with self._locks.hold(lv.name):
             device = await self._device(lv)
             line = iolimits.io_max_line(device.major, device.minor, limits, device.size)
             pods = await asyncio.to_thread(self._pods_using, device)
             written: dict[str, Path] = {}
-            for uid in sorted(pods - self._leaving):
+            leaving = {uid for uid, name in self._leaving if name == lv.name}
+            self._leaving -= {(uid, lv.name) for uid in leaving - pods}  # unmounted: done
+            for uid in sorted(pods - leaving):
                 folder = await asyncio.to_thread(self._pod_dir, uid)
                 if folder is None:
                     if limits.none:
@@ -246,6 +261,11 @@ class IoLimiter:
                 written[uid] = folder
                 log.info("io limits in force", extra={"lv": lv.name, "pod": uid, "line": line})
             self._applied[lv.name] = _key(lv)
+            if written and not limits.none and not self.condition.confirmed:
+                folder = next(iter(written.values()))
+                await self.condition.report(
+                    await asyncio.to_thread(read_support, self.node, self.root, folder)
+                )
             if limits.none:
                 self.in_force.pop(lv.name, None)
             else:
@@ -301,17 +321,10 @@ class IoLimiter:
         return None
 
     def _check_controller(self, folder: Path) -> None:
-        if self.root is None or not (self.root / "cgroup.controllers").exists():
-            raise IoLimitError(
-                f"{self.root} is not a cgroup v2 hierarchy (cgroup v1?): IO limits need cgroup "
-                "v2 with the io controller; the volume works without them"
-            )
-        enabled = (folder.parent / "cgroup.subtree_control").read_text().split()
-        why = ("the io controller is not enabled for pods (cgroup.subtree_control of "
-               f"{folder.parent} has {' '.join(enabled) or 'nothing'})"
-               if "io" not in enabled else
-               "the kernel has no block throttling (CONFIG_BLK_DEV_THROTTLING)")  # fmt: skip
-        raise IoLimitError(f"IO limits cannot be put in force on node {self.node}: {why}")
+        """A pod's cgroup without ``io.max``: why (raised), unless it has one by now."""
+        support = read_support(self.node, self.root, folder)
+        if not support.ok:
+            raise NodeCannotLimit(support)
 
     def _write(self, folder: Path, line: str) -> None:
         if not (folder / "io.max").exists():

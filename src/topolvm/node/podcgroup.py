@@ -13,11 +13,15 @@ The kubelet's pod cgroups, relative to the cgroup v2 root:
 
 A kubelet started with ``--cgroup-root`` puts these under another folder: :func:`is_pod_dir`
 recognises a pod's folder by its name alone, for a search below the root.
+
+Whether a node can put limits in force at all is :func:`support`'s answer, from what its
+cgroup files say (the Node condition :data:`topolvm.iolimits.NODE_CONDITION`).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from topolvm.iolimits import FIELDS
 
@@ -27,6 +31,7 @@ _MOUNT_TARGET = re.compile(rf"/pods/({_UID})/volumes/")
 # a block volume: <kubelet>/plugins/kubernetes.io/csi/volumeDevices/publish/<pv>/<UID>
 _BLOCK_TARGET = re.compile(rf"/volumeDevices/publish/[^/]+/({_UID})/?$")
 IO_KEYS = tuple(FIELDS.values())  # rbps, wbps, riops, wiops
+PODS_PARENTS = ("kubepods.slice", "kubepods")  # below the root: systemd, cgroupfs driver
 
 
 def pod_of_target(path: str) -> str | None:
@@ -83,3 +88,70 @@ def io_counters(text: str, major: int, minor: int) -> dict[str, int]:
     """``io.stat``'s counters for one device (rbytes, wbytes, rios, wios, ...)."""
     pairs = parse_device_lines(text).get((major, minor), {})
     return {k: int(v) for k, v in pairs.items() if v.isdigit()}
+
+
+@dataclass(frozen=True)
+class Support:
+    """Whether this node can put IO limits in force, and why not: ``reason`` is the Node
+    condition's (CamelCase), ``message`` tells the operator what to change."""
+
+    ok: bool
+    reason: str
+    message: str
+
+
+TURNED_OFF, CGROUP_V1, NO_IO, NO_THROTTLING = (
+    "TurnedOff", "CgroupV1", "NoIOController", "NoBlockThrottling",
+)  # fmt: skip
+SUPPORTED, UNCHECKED = "CgroupV2IO", "PodsNotSeenYet"
+_AFTER = "; volumes work without limits"
+
+
+def support(
+    node: str, root: str | None, *, v2: bool = True, controllers: str = "",
+    folder: str | None = None, folder_controllers: str = "", folder_io_max: bool = False,
+) -> Support:  # fmt: skip
+    """What the files say: ``root`` the cgroup root topolvm-node sees (None: limits turned off),
+    ``v2`` whether it has ``cgroup.controllers``, ``controllers`` that file's text; ``folder``
+    the kubelet's pods' folder or one pod's (None: none seen yet), ``folder_controllers`` its
+    ``cgroup.controllers`` (those its parent enabled for it) and ``folder_io_max`` whether it
+    has ``io.max`` (the io controller with block throttling)."""
+    if root is None:
+        return Support(False, TURNED_OFF, f"IO limits are off on node {node}: its topolvm-node "
+                       "runs with an empty --cgroup-root (chart: node.ioLimits.enabled "
+                       "false)" + _AFTER)  # fmt: skip
+    if not v2:
+        return Support(
+            False,
+            CGROUP_V1,
+            f"{root} on node {node} is not a cgroup v2 hierarchy "
+            "(cgroup v1?): IO limits need cgroup v2 with the io controller" + _AFTER,
+        )
+    if "io" not in controllers.split():
+        return Support(False, NO_IO, f"the kernel of node {node} offers no io controller "
+                       f"(cgroup.controllers of {root}: {controllers.strip() or 'nothing'})"
+                       + _AFTER)  # fmt: skip
+    if folder is None:
+        return Support(
+            True,
+            UNCHECKED,
+            f"cgroup v2 with the io controller at {root}; the "
+            "pods' cgroups are checked when a volume with limits is published",
+        )
+    enabled = folder_controllers.split()
+    if "io" not in enabled:
+        return Support(False, NO_IO, f"the io controller is not enabled for pods on node {node} "
+                       f"(cgroup.controllers of {folder}: {' '.join(enabled) or 'nothing'})"
+                       + _AFTER)  # fmt: skip
+    if not folder_io_max:
+        return Support(
+            False,
+            NO_THROTTLING,
+            f"the kernel of node {node} has no block throttling "
+            f"(CONFIG_BLK_DEV_THROTTLING): {folder} has no io.max" + _AFTER,
+        )
+    return Support(
+        True,
+        SUPPORTED,
+        f"cgroup v2 with the io controller and block throttling ({folder} takes io.max)",
+    )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from topolvm.doctor.model import Check, Finding, Fix, Ref, Severity
 from topolvm.doctor.snapshot import Snapshot, event_line, name_of, ns_of, uid_of
-from topolvm.iolimits import EVENT_NAMESPACE, NOT_IN_FORCE_REASON
+from topolvm.iolimits import EVENT_NAMESPACE, NODE_CONDITION, NOT_IN_FORCE_REASON
 
 ID = "io-limits"
 MODIFY_FAILED = "VolumeModifyFailed"  # csi-resizer's reason
@@ -55,24 +55,39 @@ def _modify_failed(snap: Snapshot) -> list[Finding]:
     return findings
 
 
+def _unable_nodes(snap: Snapshot) -> dict[str, str]:
+    """Nodes whose condition says they cannot put limits in force: what it says."""
+    out = {}
+    for node in snap["nodes"]:
+        for c in (node.get("status") or {}).get("conditions") or []:
+            if c.get("type") == NODE_CONDITION and c.get("status") == "True":
+                out[name_of(node)] = (f"condition {NODE_CONDITION} True ({c.get('reason', '')}): "
+                                      f"{c.get('message', '')}")  # fmt: skip
+    return out
+
+
 def _not_in_force(snap: Snapshot) -> list[Finding]:
     findings = []
+    unable = _unable_nodes(snap)
     for kind in ("logicalvolumes", "legacy-logicalvolumes"):
         for lv in snap[kind]:
             spec = lv.get("spec") or {}
             if not spec.get("ioLimits"):
                 continue
             said = snap.events("LogicalVolume", EVENT_NAMESPACE, name_of(lv), NOT_IN_FORCE_REASON)
-            if not said:
-                continue
             node = str(spec.get("nodeName", ""))
+            if not said and node not in unable:
+                continue
             limits = ", ".join(f"{k}={v}" for k, v in sorted(spec["ioLimits"].items()))
+            evidence = [f"spec.ioLimits: {limits}"]
+            evidence += [f"node {node}: {event_line(said[-1])}"] if said else []
+            evidence += [f"Node {node}: {unable[node]}"] if node in unable else []
             findings.append(Finding(
                 ID, Severity.WARNING,
                 f"LogicalVolume {name_of(lv)}: IO limits not in force on node {node}",
                 "the node cannot write io.max for the pods that mount the volume; they run "
                 "without limits",
-                (f"spec.ioLimits: {limits}", f"node {node}: {event_line(said[-1])}"),
+                tuple(evidence),
                 (Fix("Run the node on cgroup v2 with the io controller and a kernel with "
                      "CONFIG_BLK_DEV_THROTTLING, and topolvm-node with the host's cgroups "
                      "mounted (chart: node.ioLimits.enabled true); then restart the pod.",
@@ -83,6 +98,6 @@ def _not_in_force(snap: Snapshot) -> list[Finding]:
 
 
 CHECK = Check(
-    ID, 14, ("pvcs", "storageclasses", "events", "logicalvolumes"), run,
+    ID, 14, ("pvcs", "storageclasses", "events", "logicalvolumes", "nodes"), run,
     "Claims whose VolumeAttributesClass was refused, volumes whose IO limits are not in force",
 )  # fmt: skip
