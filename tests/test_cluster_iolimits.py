@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node, PersistentVolumeClaim, Pod
+from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.demo_qos import measured_rate, pod_io_max, write_script
 from devtools.testbed.controlplane import ControlPlane
@@ -105,6 +106,17 @@ async def running_with(s: Scenario, sc: str, attribute_class: str) -> tuple[str,
     return data, app, await pod_uid(s, app)
 
 
+def io_metrics(node: UmlNode, volume: str) -> dict[tuple[str, str], float]:
+    """topolvm-node's IO-limit metrics of ``volume``: (name, key or kind) -> value."""
+    text = node.http_get(8080, "/metrics")
+    return {
+        (m.name, m.labels.get("key") or m.labels.get("kind", "")): m.value
+        for family in text_string_to_metric_families(text)
+        for m in family.samples
+        if m.name.startswith("topolvm_volume_io") and m.labels.get("volume") == volume
+    }
+
+
 def io_max(node: UmlNode, uid: str) -> str:
     text = pod_io_max(node, uid)
     assert text is not None, f"no cgroup with io.max for pod {uid} on {node.name}"
@@ -147,6 +159,13 @@ async def test_a_class_limits_a_pods_writes_and_a_new_class_changes_the_limit_li
           f"unlimited {unlimited / MiB:.1f} MiB/s")  # fmt: skip
     assert at_20 <= 1.1 * 20 * MiB
     assert unlimited > 1.1 * at_20
+
+    # topolvm-node's metrics: the limit, the pod's writes on the device, its IO stall
+    seen = io_metrics(s.nodes[0], lv["metadata"]["name"])
+    print(f"metrics: {seen}")
+    assert seen[("topolvm_volume_io_limit", "wbps")] == 20 * MiB
+    assert seen[("topolvm_volume_io_total", "wbytes")] >= 48 * MiB
+    assert seen[("topolvm_volume_io_stalled_seconds_total", "some")] > 0.5  # 48 MiB: ~2.4 s
 
     await set_class(s, limited, fast)
     await current_class(s, limited, fast)

@@ -68,6 +68,10 @@ def test_the_metrics_show_the_limits_in_force_and_each_pods_io(tmp_path: Path) -
     (pod / "io.stat").write_text(
         "8:0 rbytes=1 wbytes=2\n254:300 rbytes=4096 wbytes=8192 rios=1 wios=2\n"
     )
+    (pod / "io.pressure").write_text(
+        "some avg10=12.50 avg60=3.10 avg300=0.70 total=2500000\n"
+        "full avg10=10.00 avg60=2.00 avg300=0.50 total=1250000\n"
+    )
     gone = tmp_path / "gone"  # a pod whose cgroup went between the sync and the scrape
     state = InForce(254, 300, {"rbps": None, "wbps": 20 << 20, "riops": None, "wiops": 100},
                     {UID: pod, "x": gone})  # fmt: skip
@@ -82,3 +86,6 @@ def test_the_metrics_show_the_limits_in_force_and_each_pods_io(tmp_path: Path) -
                {"node": "n1", "volume": "pvc-1", "pod": UID, "kind": "wbytes"}) == 8192  # fmt: skip
     assert get("topolvm_volume_io_total",
                {"node": "n1", "volume": "pvc-1", "pod": "x", "kind": "wbytes"}) is None  # fmt: skip
+    stalled = {"node": "n1", "volume": "pvc-1", "pod": UID}
+    assert get("topolvm_volume_io_stalled_seconds_total", {**stalled, "kind": "some"}) == 2.5
+    assert get("topolvm_volume_io_stalled_seconds_total", {**stalled, "kind": "full"}) == 1.25

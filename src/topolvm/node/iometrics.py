@@ -2,8 +2,10 @@
 limits in force (``topolvm_volume_io_limit``, one series per io.max key with a limit), and
 what each pod that mounts it did on its device, from the pod's ``io.stat``
 (``topolvm_volume_io_total``: ``kind`` rbytes, wbytes, rios, wios, and whatever else the
-kernel counts there). Linux's block throttling keeps no per-device count of the time it held
-IO back; the pods' ``io.pressure`` is per pod, not per volume, and is not exported here."""
+kernel counts there), and how long the pod's tasks were stalled on IO, from its
+``io.pressure`` (``topolvm_volume_io_stalled_seconds_total``, ``kind`` some or full). Linux's
+block throttling keeps no per-device count of the time it held IO back: the stall time is the
+pod's, on all its devices, which a throttled limit drives up."""
 
 from __future__ import annotations
 
@@ -44,6 +46,12 @@ class IoLimitCollector(Collector):
             "What a pod did on the volume's device, from its cgroup's io.stat (bytes, operations)",
             labels=["node", "volume", "pod", "kind"],
         )
+        stalled = CounterMetricFamily(
+            "topolvm_volume_io_stalled_seconds",
+            "Time the pod's tasks were stalled on IO (its cgroup's io.pressure, all its devices: "
+            "a limit that holds IO back shows here)",
+            labels=["node", "volume", "pod", "kind"],
+        )
         for name, state in sorted(self.in_force().items()):
             for key, value in state.values.items():
                 if value is not None:
@@ -56,8 +64,15 @@ class IoLimitCollector(Collector):
                 counters = podcgroup.io_counters(text, state.major, state.minor)
                 for kind, count in sorted(counters.items()):
                     done.add_metric([self.node, name, uid, kind], count)
+                try:
+                    pressure = podcgroup.stalled_seconds((folder / "io.pressure").read_text())
+                except OSError:
+                    continue  # a kernel without PSI, or the pod went
+                for kind, seconds in sorted(pressure.items()):
+                    stalled.add_metric([self.node, name, uid, kind], seconds)
         yield limit
         yield done
+        yield stalled
 
     def describe(self) -> Iterator[Metric]:
         return iter(())

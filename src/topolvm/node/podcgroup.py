@@ -84,6 +84,18 @@ def limits_in_force(text: str, major: int, minor: int) -> dict[str, int | None]:
     return {k: int(v) if v.isdigit() else None for k in IO_KEYS if (v := pairs.get(k, "max"))}
 
 
+def stalled_seconds(text: str) -> dict[str, float]:
+    """``io.pressure`` (PSI): the time some (``some``) or all (``full``) of the cgroup's tasks
+    were stalled on IO, in seconds, from its ``total=`` microseconds."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        kind, _, rest = line.strip().partition(" ")
+        pairs = dict(p.split("=", 1) for p in rest.split() if "=" in p)
+        if kind in ("some", "full") and pairs.get("total", "").isdigit():
+            out[kind] = int(pairs["total"]) / 1e6
+    return out
+
+
 def io_counters(text: str, major: int, minor: int) -> dict[str, int]:
     """``io.stat``'s counters for one device (rbytes, wbytes, rios, wios, ...)."""
     pairs = parse_device_lines(text).get((major, minor), {})
