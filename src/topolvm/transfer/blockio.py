@@ -10,6 +10,7 @@ regular file (the host tests' stand-in).
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import mmap
 import os
@@ -29,9 +30,38 @@ def aligned(size: int) -> memoryview:
     return memoryview(mmap.mmap(-1, size))
 
 
-def _address_aligned(view: memoryview) -> bool:
-    import ctypes
+_PROBE = 64  # bytes compared first: buffers that differ mostly differ at their start
+_libc = ctypes.CDLL(None, use_errno=True)
+_memcmp = _libc.memcmp
+_memcmp.restype = ctypes.c_int
+_memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
 
+
+def _address(buffer: memoryview | bytes) -> int | bytes:
+    if isinstance(buffer, bytes):
+        return buffer  # ctypes passes a bytes object's own storage
+    return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+
+
+def same_bytes(a: memoryview, b: memoryview | bytes) -> bool:
+    """Whether two buffers hold the same bytes, at memcmp's speed and without a copy.
+    ``memoryview ==`` compares element by element as Python objects: 1.8 ms for a MiB that
+    matches (a zero segment of a thick volume, a segment a delta's base holds already) against
+    memcmp's 0.04 ms; copies to ``bytes`` cost a fresh MiB each (page faults: over 1 ms for
+    two). ``a`` (and ``b`` unless it is ``bytes``) must be writable, as the copy's buffers
+    (:func:`aligned`) are; a short probe first answers most buffers that differ."""
+    if len(a) != len(b):
+        return False
+    if a[:_PROBE] != b[:_PROBE]:
+        return False
+    if len(a) <= _PROBE:
+        return True  # the probe was all of it
+    if a.readonly or (isinstance(b, memoryview) and b.readonly):
+        return a.tobytes() == bytes(b)
+    return _memcmp(_address(a), _address(b), len(a)) == 0
+
+
+def _address_aligned(view: memoryview) -> bool:
     try:
         address = ctypes.addressof(ctypes.c_char.from_buffer(view))
     except TypeError:  # a read-only buffer

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from topolvm.transfer import digest, messages, plan, wire
-from topolvm.transfer.blockio import Volume, aligned
+from topolvm.transfer.blockio import Volume, aligned, same_bytes
 from topolvm.transfer.errors import ConnectionLost, DigestMismatch, ProtocolError
 from topolvm.transfer.sparse import Op, SparseTarget
 
@@ -125,9 +125,9 @@ class RecordSource:
         if self.base is not None:
             other = self._base_view[: piece.length]
             self.base.read_into(other, piece.offset)
-            if payload == other:
+            if same_bytes(payload, other):
                 return wire.Kind.KEEP
-        return wire.Kind.ZERO if payload == _ZEROS[: piece.length] else wire.Kind.DATA
+        return wire.Kind.ZERO if same_bytes(payload, _ZEROS[: piece.length]) else wire.Kind.DATA
 
     def records(self) -> Iterator[Record]:
         run, run_from, run_to = wire.Kind.ZERO, self.start, self.start
