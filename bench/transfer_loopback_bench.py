@@ -11,6 +11,8 @@ stubbed), each in a process of its own as on two nodes, files standing in for th
    zstd`` and without. Target: the compressed copy takes <= 0.7 of the plain one's time.
 3. Compression on data that does not compress (the random bytes): the compressing sender's CPU
    per GiB against the plain sender's. Target: <= 1.2 (it soon stops trying).
+4. A thick volume that is all zeros (a new or mostly empty one): the sender reads it whole and
+   sends ZERO records; its CPU seconds per GiB of volume (shown, no target).
 
 Results go to ``.cache/bench/transfer_loopback.json``; targets not met are marked OVER, never a
 failure.
@@ -131,15 +133,20 @@ def _cpu(outcome: Outcome) -> tuple[float, float]:
 
 
 def measure(workdir: Path, size: int, rounds: int, link: int) -> dict[str, Any]:
-    files = Files({"random": workdir / "random", "logs": workdir / "logs"})
+    files = Files({"random": workdir / "random", "logs": workdir / "logs",
+                   "zeros": workdir / "zeros"})  # fmt: skip
     _random(files.paths["random"], size)
+    with files.paths["zeros"].open("wb") as f:  # written, not sparse: as a thick LV reads
+        for _ in range(size // (16 * MiB)):
+            f.write(bytes(16 * MiB))
     _logs(files.paths["logs"], size)
     target = workdir / "target"
     target.write_bytes(b"")
     os.truncate(target, size)
     ask = (messages.SENDER_CPU, messages.COMPRESS)
-    plain, zstd_random, slow_plain, slow_zstd = [], [], [], []
+    plain, zstd_random, slow_plain, slow_zstd, zeros = [], [], [], [], []
     for _ in range(rounds):
+        zeros.append(_copy("zeros", files, target, Limits(), ask))
         plain.append(_copy("random", files, target, Limits(), ask))
         zstd_random.append(_copy("random", files, target, Limits(compress=True), ask))
         slow_plain.append(_copy("logs", files, target, Limits(bandwidth=link), ask))
@@ -163,6 +170,9 @@ def measure(workdir: Path, size: int, rounds: int, link: int) -> dict[str, Any]:
         "zstd_wire_share": wire,
         "zstd_receiver_cpu_per_gib": med(_cpu(o)[1] for _, o in slow_zstd),
         "zstd_sender_cpu_per_gib": med(_cpu(o)[0] for _, o in slow_zstd),
+        "zero_volume_sender_cpu_per_gib": med((o.sender_cpu_seconds or 0.0) / (size / GiB)
+                                              for _, o in zeros),
+        "zero_volume_seconds": med(t for t, _ in zeros),
     }  # fmt: skip
 
 
@@ -176,6 +186,8 @@ def report(results: dict[str, Any]) -> None:
     print(f"  zstd on log-like data: {results['zstd_wire_share']:.1%} of the bytes on the wire; "
           f"CPU s/GiB sender {results['zstd_sender_cpu_per_gib']:.2f}, receiver "
           f"{results['zstd_receiver_cpu_per_gib']:.2f}")  # fmt: skip
+    print(f"  a thick volume of zeros: {results['zero_volume_seconds']:.2f} s, sender CPU "
+          f"{results['zero_volume_sender_cpu_per_gib']:.2f} s/GiB of volume")  # fmt: skip
 
 
 def main() -> int:
@@ -186,6 +198,7 @@ def main() -> int:
                         help="the slow link's MiB/s for step 2 (default 100)")  # fmt: skip
     args = parser.parse_args()
     size = max(16 * MiB, int(args.gib * GiB) // (16 * MiB) * (16 * MiB))
+    (gobuild.ROOT / ".cache").mkdir(exist_ok=True)  # a fresh clone has none yet
     workdir = Path(tempfile.mkdtemp(prefix="transfer-loopback-", dir=gobuild.ROOT / ".cache"))
     try:
         results = measure(workdir, size, args.rounds, args.link_mib * MiB)

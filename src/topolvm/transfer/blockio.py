@@ -58,7 +58,7 @@ def same_bytes(a: memoryview, b: memoryview | bytes) -> bool:
         return True  # the probe was all of it
     if a.readonly or (isinstance(b, memoryview) and b.readonly):
         return a.tobytes() == bytes(b)
-    return _memcmp(_address(a), _address(b), len(a)) == 0
+    return int(_memcmp(_address(a), _address(b), len(a))) == 0
 
 
 def _address_aligned(view: memoryview) -> bool:
