@@ -99,8 +99,6 @@ class NodeCondition:
     async def report(self, support: Support) -> None:
         """Say ``support`` (a sync met a node-wide cause, or found the pods' cgroups fine);
         a failure is logged and the next report tries again."""
-        if support == self.said or (support.reason == podcgroup.UNCHECKED and self.said):
-            return
         try:
             await self._write(support)
         except kube.KubeError as e:
@@ -109,6 +107,8 @@ class NodeCondition:
 
     async def _write(self, support: Support) -> None:
         async with self._lock:
+            if support == self.said or (support.reason == podcgroup.UNCHECKED and self.said):
+                return  # said already, or a vaguer answer than the one said
             node = await api.get(self.client, Node, self.node)
             if node is None:
                 return
