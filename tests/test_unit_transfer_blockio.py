@@ -33,3 +33,15 @@ def test_lengths_slices_and_read_only_buffers() -> None:
     assert not same_bytes(frozen, b"\0" * 4095 + b"\1")
     view[4095] = 7
     assert not same_bytes(view[:4096], frozen) and not same_bytes(frozen, view[:4096])
+
+
+def test_bytes_are_compared_whatever_the_views_format_or_shape() -> None:
+    view, other = aligned(1024), aligned(1024)
+    other[600] = 1
+    assert not same_bytes(view.cast("I"), other.cast("I"))  # 256 elements: byte 600 differs
+    assert not same_bytes(view.cast("B", (128, 8)), other.cast("B", (128, 8)))
+    assert not same_bytes(view[::2], other[::2]) and same_bytes(view[1::2], other[1::2])
+    plus, minus = aligned(64), aligned(64)
+    minus[7] = 0x80  # -0.0 == +0.0 as numbers, not as bytes
+    assert not same_bytes(plus.cast("d"), minus.cast("d"))
+    assert same_bytes(bytes(64), plus) and not same_bytes(bytes(64), minus)

@@ -97,7 +97,7 @@ class IoLimiter:
         self.mountinfo = mountinfo
         self._applied: dict[str, tuple[tuple[tuple[str, int], ...], int]] = {}  # name -> _key
         self._pods: dict[str, PodRef] = {}  # pod UID -> pod, while it has a volume published
-        # (pod UID, volume) being unpublished: no sync limits them again (kept until the pod
+        # (pod UID, volume id) being unpublished: no sync limits them again (kept until the pod
         # publishes the volume again, or a sync of the volume no longer finds it mounted there)
         self._leaving: set[tuple[str, str]] = set()
         self._warned: set[tuple[str, str]] = set()
@@ -121,7 +121,8 @@ class IoLimiter:
                 self.in_force.pop(name, None)
                 self._retry.pop(name, None)
                 self._warned = {w for w in self._warned if w[0] != name}
-                self._leaving = {w for w in self._leaving if w[1] != name}
+                vid = (obj.get("status") or {}).get("volumeID")
+                self._leaving = {w for w in self._leaving if w[1] != vid}
                 return
             try:
                 lv = LogicalVolumeObject.from_dict(obj)
@@ -178,12 +179,12 @@ class IoLimiter:
         uid = context.get("csi.storage.k8s.io/pod.uid") or podcgroup.pod_of_target(target)
         name = context.get("csi.storage.k8s.io/pod.name", "")
         namespace = context.get("csi.storage.k8s.io/pod.namespace", "")
+        self._leaving.discard((uid or "", volume_id))  # published again: before any return
         lv = await self._lv(volume_id)
         if lv is None or (not lv.io_limits and lv.name not in self._applied):
             return  # no limits (and none written by this process: the start-up sync lifts)
         if uid and name and namespace:
             self._pods[uid] = PodRef(namespace, name)
-        self._leaving.discard((uid or "", lv.name))
         self.schedule(lv.name)
         task = self._tasks.get(lv.name)
         if task is not None:  # in force before the container starts, as far as it can be
@@ -196,11 +197,11 @@ class IoLimiter:
         if uid is None:
             return
         self._pods.pop(uid, None)
+        self._leaving.add((uid, volume_id))  # from now on no sync limits this pod's use of it
         lv = None if self.root is None else await self._lv(volume_id)
         if lv is None:
             return
-        async with self._locks.hold(lv.name):
-            self._leaving.add((uid, lv.name))
+        async with self._locks.hold(lv.name):  # after a sync that runs: then lifted
             try:
                 device = await self._device(lv)
                 folder = await asyncio.to_thread(self._pod_dir, uid)
@@ -244,8 +245,8 @@ class IoLimiter:
             line = iolimits.io_max_line(device.major, device.minor, limits, device.size)
             pods = await asyncio.to_thread(self._pods_using, device)
             written: dict[str, Path] = {}
-            leaving = {uid for uid, name in self._leaving if name == lv.name}
-            self._leaving -= {(uid, lv.name) for uid in leaving - pods}  # unmounted: done
+            leaving = {uid for uid, vid in self._leaving if vid == lv.volume_id}
+            self._leaving -= {(uid, lv.volume_id) for uid in leaving - pods}  # unmounted: done
             for uid in sorted(pods - leaving):
                 folder = await asyncio.to_thread(self._pod_dir, uid)
                 if folder is None:
