@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from functools import partial
@@ -165,3 +166,23 @@ async def pulled_before_the_stop(
     assert pulled is not None and pulled.status == "True" and image in pulled.message, pulled
     told = [e.split(":")[0] for e in await events_for(s.client, "VolumeMove", vm.name)]
     assert "ImagesPulled" in told, told
+
+
+async def restart_seconds(s: Scenario, pod: str) -> float:
+    """A plain restart of a StatefulSet's pod on its node, what a move's downtime compares
+    with: seconds from its delete until the new pod's containers are ready."""
+    old = await api.get(s.client, Pod, pod, namespace=NS)
+    assert old is not None
+    uid = old["metadata"]["uid"]
+    began = time.monotonic()
+    await api.delete(s.client, Pod, pod, namespace=NS)
+
+    async def back() -> bool:
+        obj = await api.get(s.client, Pod, pod, namespace=NS)
+        if obj is None or obj["metadata"]["uid"] == uid:
+            return False
+        statuses = (obj.get("status") or {}).get("containerStatuses") or []
+        return bool(statuses) and all(st.get("ready") for st in statuses)
+
+    await eventually(f"pod {pod} restarted", back, timeout=180, interval=0.2)
+    return time.monotonic() - began

@@ -16,6 +16,7 @@ import mmap
 import os
 import stat
 import struct
+from typing import Any
 
 from topolvm.transfer.errors import CopyImpossible, SourceFailed, TargetFailed
 
@@ -37,7 +38,7 @@ _memcmp.restype = ctypes.c_int
 _memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
 
 
-def _raw(buffer: memoryview | bytes) -> memoryview | bytes:
+def _raw(buffer: memoryview[Any] | bytes) -> memoryview[Any] | bytes:
     """``buffer`` as a flat run of bytes: ``bytes`` as it is, a contiguous view cast to
     unsigned bytes, anything else copied (a read-only result: compared by copy)."""
     if isinstance(buffer, bytes):
@@ -48,13 +49,13 @@ def _raw(buffer: memoryview | bytes) -> memoryview | bytes:
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
-def _address(buffer: memoryview | bytes) -> int | bytes:
+def _address(buffer: memoryview[Any] | bytes) -> int | bytes:
     if isinstance(buffer, bytes):
         return buffer  # ctypes passes a bytes object's own storage
     return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
 
 
-def same_bytes(a: memoryview | bytes, b: memoryview | bytes) -> bool:
+def same_bytes(a: memoryview[Any] | bytes, b: memoryview[Any] | bytes) -> bool:
     """Whether two buffers hold the same bytes, at memcmp's speed and without a copy.
     ``memoryview ==`` compares element by element as Python objects: 1.8 ms for a MiB that
     matches (a zero segment of a thick volume, a segment a delta's base holds already) against
