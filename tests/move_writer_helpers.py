@@ -6,11 +6,13 @@ port refused, a node Ready again)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from lightkube import AsyncClient
@@ -186,3 +188,29 @@ async def restart_seconds(s: Scenario, pod: str) -> float:
 
     await eventually(f"pod {pod} restarted", back, timeout=180, interval=0.2)
     return time.monotonic() - began
+
+
+def move_timeline(controller_log: Path, moves: list[str]) -> str:
+    """When each of ``moves`` (namespace/name) entered each phase from its pod's stop on, in
+    seconds after the first of them stopped, from topolvm-controller's "move step" log lines:
+    ``claim: FinalCopy +1.2 Swapping +3.4 ...``."""
+    steps: list[tuple[str, str, datetime]] = []
+    for line in controller_log.read_text(errors="replace").splitlines():
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if doc.get("msg") == "move step" and doc.get("move") in moves:
+            at = datetime.strptime(doc["ts"], "%Y-%m-%dT%H:%M:%S.%fZ")
+            steps.append((doc["move"], doc["to"], at))
+    stops = [at for _, phase, at in steps if phase == "Stopping"]
+    if not stops:
+        return "no move steps logged"
+    zero = min(stops)
+    return "; ".join(
+        f"{move.partition('/')[2]}: " + " ".join(
+            f"{phase} +{(at - zero).total_seconds():.1f}"
+            for m, phase, at in steps if m == move and at >= zero
+        )
+        for move in moves
+    )  # fmt: skip

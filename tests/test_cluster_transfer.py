@@ -41,6 +41,7 @@ from tests.move_writer_helpers import (
     fresh_image,
     lines_on,
     move_of,
+    move_timeline,
     node_ready,
     pulled_before_the_stop,
     refused,
@@ -277,7 +278,9 @@ async def test_doctor_names_the_source_node_a_claim_waits_for(abc: Scenario) -> 
     await lvs_accounted(s, "the restore")
 
 
-async def test_a_pods_two_claims_move_together_losing_no_write(abc: Scenario) -> None:
+async def test_a_pods_two_claims_move_together_losing_no_write(
+    abc: Scenario, driver: DriverStack
+) -> None:
     """``topolvm move`` of a StatefulSet pod's claim: its pod also mounts a thick claim, and
     both move, to one node. The pod writes a numbered, synced log without pause through the
     pre-copy; on the target the log holds every line written up to the pod's stop (its last
@@ -312,10 +315,13 @@ async def test_a_pods_two_claims_move_together_losing_no_write(abc: Scenario) ->
         await pulled_before_the_stop(abc, registry, image, vm)
         # for the record: the same pod restarted on its node (docs/mobility.md)
         restart = await restart_seconds(abc, w.pod)
+        steps = move_timeline(driver.log("topolvm-controller"),
+                              [f"{NS}/{w.claim}", f"{NS}/{w.logs}"])  # fmt: skip
         record_line(f"a move of a pod with a thin and a thick claim: down "
                     f"{vm.status.downtime_seconds} s (status.downtimeSeconds); a plain restart "
                     f"of that pod on its node: {restart:.1f} s; ratio "
-                    f"{vm.status.downtime_seconds / restart:.2f} (target <= 1.5)")  # fmt: skip
+                    f"{vm.status.downtime_seconds / restart:.2f} (target <= 1.5); steps from "
+                    f"the stop: {steps}")  # fmt: skip
 
 
 async def test_a_move_survives_crashes_at_every_step(abc: Scenario, driver: DriverStack) -> None:
