@@ -6,7 +6,7 @@ port refused, a node Ready again)."""
 from __future__ import annotations
 
 import contextlib
-import json
+import re
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -190,22 +190,22 @@ async def restart_seconds(s: Scenario, pod: str) -> float:
     return time.monotonic() - began
 
 
+_STEP = re.compile(r"^(\S+ \S+) INFO\s+\S+: move step .*?move='([^']*)' .*?to='([^']*)'")
+
+
 def move_timeline(controller_log: Path, moves: list[str]) -> str:
     """When each of ``moves`` (namespace/name) entered each phase from its pod's stop on, in
-    seconds after the first of them stopped, from topolvm-controller's "move step" log lines:
-    ``claim: FinalCopy +1.2 Swapping +3.4 ...``."""
+    seconds after the first of them stopped, from topolvm-controller's "move step" log lines
+    (the test bed's text format): ``claim: FinalCopy +1.2 Swapping +3.4 ...``."""
     steps: list[tuple[str, str, datetime]] = []
     for line in controller_log.read_text(errors="replace").splitlines():
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            continue
-        if doc.get("msg") == "move step" and doc.get("move") in moves:
-            at = datetime.strptime(doc["ts"], "%Y-%m-%dT%H:%M:%S.%fZ")
-            steps.append((doc["move"], doc["to"], at))
+        found = _STEP.match(line)
+        if found and found.group(2) in moves:
+            at = datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S,%f")
+            steps.append((found.group(2), found.group(3), at))
     stops = [at for _, phase, at in steps if phase == "Stopping"]
     if not stops:
-        return "no move steps logged"
+        return f"no move steps in {controller_log}"
     zero = min(stops)
     return "; ".join(
         f"{move.partition('/')[2]}: " + " ".join(

@@ -1,9 +1,10 @@
 """A move verified before its old volume goes (docs/mobility.md, "Verified before the source
 goes"), against the Kubernetes API emulator, the test playing the nodes (their
-``status.verify``), the kubelet and the PV controller: both volumes are asked for a digest at
-the swap, the pod starts once the target is cut, equal digests remove the old volume (or keep
-it ``spec.keepSourceSeconds``), a mismatch or a failed digest keeps it and marks the move. The
-same with real nodes and a block flipped on purpose: tests/test_cluster_move_verify.py.
+``status.verify``), the kubelet and the PV controller: the target is asked for a digest once
+its final copy is done, the source at the swap, the pod starts once the target is cut, equal
+digests remove the old volume (or keep it ``spec.keepSourceSeconds``), a mismatch or a failed
+digest keeps it and marks the move. The same with real nodes and a block flipped on purpose:
+tests/test_cluster_move_verify.py.
 The fences a review asked for (the source derived from the old PV, the swap of the final
 round only, no rollback past the swap, the old PV before its LV, the pod deleted as checked)
 are at the end."""
@@ -75,6 +76,33 @@ async def test_the_pod_starts_once_its_target_is_cut_and_the_old_volume_goes_onc
     for kind in ("VolumeMove", "PersistentVolumeClaim"):
         said = await _reasons(r, kind)
         assert {"MoveVerifying", "MoveVerified", "Moved"} <= set(said), said
+
+
+async def test_the_target_is_asked_for_its_digest_once_its_final_copy_is_done(
+    emu: KubeEmulator, reconciler: MoveReconciler
+) -> None:
+    """Before the swap, with the pod down: the target's node cuts while the rest of the move
+    runs, so the pod's start does not wait for a snapshot (docs/mobility.md, a move's
+    downtime); the source is asked after the commit."""
+    seed(emu)
+    r = reconciler
+    vm = await _to_final_copy(emu, r)  # the final round copied
+    await emu.remove("pods", "web-0", NS)  # the pod down
+    await r.reconcile(KEY)
+    vm = await _move(r, "data-web-0")
+    assert vm.status.phase == MovePhase.SWAPPING and not vm.status.commit_time, vm.status
+    claim = emu.get("persistentvolumeclaims", "data-web-0", NS)
+    assert claim is not None and claim["metadata"]["uid"] == vm.status.claim_uid  # not swapped
+    target = emu.get(LVS, vm.made_name, group="topolvm.io")
+    assert target is not None
+    assert target["spec"]["verify"] == {"id": vm.uid, "sizeBytes": 10 * GIB}
+    # the source only after the commit: its cut then holds whatever reached it until the swap
+    source = emu.get(LVS, "pv-1", group="topolvm.io")
+    assert source is not None
+    assert "verify" not in source["spec"], source["spec"]
+    await _swap(emu, r, vm)
+    source = emu.get(LVS, "pv-1", group="topolvm.io")
+    assert source is not None and source["spec"]["verify"]["id"] == vm.uid
 
 
 async def test_a_mismatch_keeps_the_old_volume_and_marks_the_move(

@@ -324,6 +324,10 @@ class MoveReconciler:
         progress = target_copy.progress(MovePhase.FINAL_COPY, target)
         if not target.copy_done:
             return replace(s, **progress)
+        # the target is final (its last round copied; only the pod, started after the swap,
+        # writes it): its verification cut is made now, while the group's other copies and the
+        # swap run, not after the swap with the pod down. The source's waits for the commit.
+        await self.verify.request(vm, target_only=True)
         waiting = await group.waiting(self.store, MovePhase.FINAL_COPY, "final copy")
         if waiting:
             return replace(s, **progress, message=waiting)

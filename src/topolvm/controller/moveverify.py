@@ -1,9 +1,13 @@
 """A move verified before its old volume goes (docs/mobility.md, "Verified before the source
 goes"); the rules are :mod:`topolvm.move.verdict`, this is their API work.
 
-- In Swapping, once the group committed (the pod down, the data final): both the target and
-  the source LogicalVolume are asked for a digest (``spec.verify``: the VolumeMove's UID, the
-  bytes the copy went through). Each node cuts its volume at once and reads the cut later.
+- In FinalCopy, once the claim's last round is copied, the target LogicalVolume is asked for
+  a digest (``spec.verify``: the VolumeMove's UID, the bytes the copy went through): nothing
+  but the pod writes it, and the pod starts only after the swap, so its node cuts it while the
+  group's other copies and the swap run. In Swapping, once the group committed (the pod down,
+  the data final), the source is asked too: its cut holds whatever reached it until then (a
+  pod back on the old node, written to and deleted before the commit), which a digest taken
+  earlier would miss. Each node cuts its volume at once and reads the cut later.
 - In Starting the pod is let go only once the target is cut (:meth:`Verify.cut_waiting`), so
   the downtime grows by no more than making a snapshot.
 - In Verifying, the pod running on the target: the digests are compared. Equal, the condition
@@ -55,13 +59,21 @@ class Verify:
         """The source LogicalVolume, found through the old PV; else None and why."""
         return await self.steps.source(vm)
 
-    async def request(self, vm: VolumeMoveObject) -> str:
+    async def request(self, vm: VolumeMoveObject, *, target_only: bool = False) -> str:
         """Both volumes asked for their digest (again, idempotent); "" once they are, else
-        what is missing (the target gone: the move cannot be verified, nor start)."""
+        what is missing (the target gone: the move cannot be verified, nor start).
+        ``target_only``: the target alone, once its last round is copied, before the commit.
+        The source is asked only after the commit: its cut then holds whatever reached it up
+        to the swap (a pod back on the old node without the gate, written to and deleted
+        before the commit), which the digests' comparison catches."""
         target = await self.store.get(vm.made_name, fresh=True)
         if target is None:
             return f"the target LogicalVolume {vm.made_name} is gone"
         size = verdict.verify_size(target, vm.status.size_bytes)
+        if target_only:
+            if not target.deleting and not verdict.asked(target, vm.uid, size):
+                await self._ask(target.name, vm.uid, size)
+            return ""
         source, why = await self.source(vm)
         if source is None:  # verification will fail, and say why; the target is still cut
             log.warning("the source of a move cannot be verified", extra={
