@@ -327,7 +327,7 @@ class MoveReconciler:
         # the target is final (its last round copied; only the pod, started after the swap,
         # writes it): its verification cut is made now, while the group's other copies and the
         # swap run, not after the swap with the pod down. The source's waits for the commit.
-        await self.verify.request(vm, target_only=True)
+        await self.verify.request_target(vm, target)
         waiting = await group.waiting(self.store, MovePhase.FINAL_COPY, "final copy")
         if waiting:
             return replace(s, **progress, message=waiting)

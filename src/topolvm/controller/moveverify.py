@@ -59,29 +59,33 @@ class Verify:
         """The source LogicalVolume, found through the old PV; else None and why."""
         return await self.steps.source(vm)
 
-    async def request(self, vm: VolumeMoveObject, *, target_only: bool = False) -> str:
+    async def request(self, vm: VolumeMoveObject) -> str:
         """Both volumes asked for their digest (again, idempotent); "" once they are, else
-        what is missing (the target gone: the move cannot be verified, nor start).
-        ``target_only``: the target alone, once its last round is copied, before the commit.
-        The source is asked only after the commit: its cut then holds whatever reached it up
-        to the swap (a pod back on the old node without the gate, written to and deleted
-        before the commit), which the digests' comparison catches."""
+        what is missing (the target gone: the move cannot be verified, nor start). After the
+        commit only for the source: its cut then holds whatever reached it up to the swap (a
+        pod back on the old node without the gate, written to and deleted before the
+        commit), which the digests' comparison catches."""
         target = await self.store.get(vm.made_name, fresh=True)
         if target is None:
             return f"the target LogicalVolume {vm.made_name} is gone"
-        size = verdict.verify_size(target, vm.status.size_bytes)
-        if target_only:
-            if not target.deleting and not verdict.asked(target, vm.uid, size):
-                await self._ask(target.name, vm.uid, size)
-            return ""
         source, why = await self.source(vm)
         if source is None:  # verification will fail, and say why; the target is still cut
             log.warning("the source of a move cannot be verified", extra={
                 "move": f"{vm.namespace}/{vm.name}", "detail": why})  # fmt: skip
+        size = verdict.verify_size(target, vm.status.size_bytes)
         for lv in (target, source):
-            if lv is not None and not lv.deleting and not verdict.asked(lv, vm.uid, size):
-                await self._ask(lv.name, vm.uid, size)
+            if lv is not None:
+                await self._ask_once(lv, vm.uid, size)
         return ""
+
+    async def request_target(self, vm: VolumeMoveObject, target: LogicalVolumeObject) -> None:
+        """The target alone (as just read), once its last round is copied, before the
+        commit: nothing but the pod writes it, and the pod starts only after the swap."""
+        await self._ask_once(target, vm.uid, verdict.verify_size(target, vm.status.size_bytes))
+
+    async def _ask_once(self, lv: LogicalVolumeObject, uid: str, size: int) -> None:
+        if not lv.deleting and not verdict.asked(lv, uid, size):
+            await self._ask(lv.name, uid, size)
 
     async def _ask(self, name: str, uid: str, size: int) -> None:
         want = {"id": uid, "sizeBytes": size}

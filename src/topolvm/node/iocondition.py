@@ -89,18 +89,18 @@ class NodeCondition:
         if not support.ok:
             log.warning("IO limits cannot be put in force on this node",
                         extra={"reason": support.reason, "why": support.message})  # fmt: skip
-        try:
-            await api.retry_transient(lambda: self._write(support), "io limits: node condition",
-                                      first=1.0, most=30.0)  # fmt: skip
-        except kube.KubeError as e:  # RBAC, an admission policy: the node works on without it
-            log.warning("io limits: cannot set the Node condition",
-                        extra={"condition": NODE_CONDITION, "error": kube.describe(e)})  # fmt: skip
+        await self.report(support, retry=True)
 
-    async def report(self, support: Support) -> None:
+    async def report(self, support: Support, *, retry: bool = False) -> None:
         """Say ``support`` (a sync met a node-wide cause, or found the pods' cgroups fine);
-        a failure is logged and the next report tries again."""
+        ``retry``: while the API server cannot be reached. A failure (RBAC, an admission
+        policy: the node works on without it) is logged; the next report tries again."""
         try:
-            await self._write(support)
+            if retry:
+                await api.retry_transient(lambda: self._write(support), "io limits: node "
+                                          "condition", first=1.0, most=30.0)  # fmt: skip
+            else:
+                await self._write(support)
         except kube.KubeError as e:
             log.warning("io limits: cannot set the Node condition",
                         extra={"condition": NODE_CONDITION, "error": kube.describe(e)})  # fmt: skip

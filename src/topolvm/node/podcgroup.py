@@ -73,9 +73,13 @@ def parse_device_lines(text: str) -> dict[tuple[int, int], dict[str, str]]:
         major, sep, minor = device.partition(":")
         if not sep or not major.isdigit() or not minor.isdigit():
             continue
-        pairs = dict(p.split("=", 1) for p in rest.split() if "=" in p)
-        out[(int(major), int(minor))] = pairs
+        out[(int(major), int(minor))] = _pairs(rest)
     return out
+
+
+def _pairs(text: str) -> dict[str, str]:
+    """The ``key=value`` words of a cgroup file's line."""
+    return dict(p.split("=", 1) for p in text.split() if "=" in p)
 
 
 def limits_in_force(text: str, major: int, minor: int) -> dict[str, int | None]:
@@ -90,7 +94,7 @@ def stalled_seconds(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in text.splitlines():
         kind, _, rest = line.strip().partition(" ")
-        pairs = dict(p.split("=", 1) for p in rest.split() if "=" in p)
+        pairs = _pairs(rest)
         if kind in ("some", "full") and pairs.get("total", "").isdigit():
             out[kind] = int(pairs["total"]) / 1e6
     return out
