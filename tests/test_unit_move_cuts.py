@@ -11,7 +11,7 @@ from grpclib.const import Status
 
 from topolvm.k8s.lvobject import LogicalVolumeObject
 from topolvm.node.lvmd_client import LvmdCallError
-from topolvm.node.transfer import TransferService
+from topolvm.node.transfer import FinalCuts, TransferService
 from topolvm.node.volumes import CutOverflowed, Cuts, NoRoomForCut, cut_name, round_two
 from topolvm.proto import lvmd_pb2 as pb
 from topolvm.proto import volumedata_pb2 as vd
@@ -48,6 +48,7 @@ class FakeCuts:
 def _service(cuts: FakeCuts) -> Any:
     service = TransferService.__new__(TransferService)
     service.cuts = cuts  # type: ignore[assignment]
+    service.finals = FinalCuts()
     return service
 
 

@@ -16,7 +16,7 @@ from topolvm.k8s.lvobject import LogicalVolumeObject, VerifyPhase, VerifyStatus
 from topolvm.lvmd.openers import holders_of, mounts_of, open_count_of
 from topolvm.node.lvmd_client import LvmdCallError
 from topolvm.node.sourceopen import holding, still_open
-from topolvm.node.transfer import TransferService
+from topolvm.node.transfer import FinalCuts, TransferService
 from topolvm.node.volumes import cut_name, round_two
 from topolvm.proto import volumedata_pb2 as vd
 from topolvm.rpc import status
@@ -60,6 +60,7 @@ class Cuts:
 def _service(cuts: Cuts) -> Any:
     service = TransferService.__new__(TransferService)
     service.cuts = cuts  # type: ignore[assignment]
+    service.finals = FinalCuts()
     service.node = "node-a"
     return service
 

@@ -258,6 +258,7 @@ class NodeService:
         async with self.locks.hold(volume_id):
             await run_hook(self.hooks, "unpublishing", volume_id, target)
             await self._unpublish(volume_id, target)
+            await run_hook(self.hooks, "unpublished", volume_id, target)
         return csi.NodeUnpublishVolumeResponse()
 
     async def _unpublish(self, volume_id: str, target: str) -> None:

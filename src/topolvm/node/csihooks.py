@@ -1,6 +1,6 @@
 """What NodeService needs from the rest of topolvm-node: the LogicalVolumes (by volume id), and
-what else a publish and an unpublish do (the pods' IO limits, node/iolimiter.py), run so that
-they never fail the CSI call."""
+what else a publish and an unpublish do (the pods' IO limits, node/iolimiter.py; a move's final
+cut once its source closes, node/transfer.py), run so that they never fail the CSI call."""
 
 from __future__ import annotations
 
@@ -34,6 +34,28 @@ class PublishHooks(Protocol):
 
     async def unpublishing(self, volume_id: str, target: str) -> None:
         """Before the volume is unpublished from ``target``."""
+
+    async def unpublished(self, volume_id: str, target: str) -> None:
+        """After the volume is unmounted from ``target``."""
+
+
+class AllHooks:
+    """Several hooks, each called in turn (each logs its own failures)."""
+
+    def __init__(self, *hooks: PublishHooks) -> None:
+        self.hooks = hooks
+
+    async def published(self, volume_id: str, target: str, context: Mapping[str, str]) -> None:
+        for hook in self.hooks:
+            await run_hook(hook, "published", volume_id, target, context)
+
+    async def unpublishing(self, volume_id: str, target: str) -> None:
+        for hook in self.hooks:
+            await run_hook(hook, "unpublishing", volume_id, target)
+
+    async def unpublished(self, volume_id: str, target: str) -> None:
+        for hook in self.hooks:
+            await run_hook(hook, "unpublished", volume_id, target)
 
 
 async def run_hook(hooks: PublishHooks | None, which: str, *args: Any) -> None:

@@ -212,6 +212,9 @@ class IoLimiter:
                 log.warning("io limits: not lifted at unpublish",
                             extra={"lv": lv.name, "pod": uid, "error": str(e)})  # fmt: skip
 
+    async def unpublished(self, volume_id: str, target: str) -> None:
+        """Nothing more: the limit was lifted before the unmount."""
+
     # -- one volume -----------------------------------------------------------------------
 
     async def _sync_logged(self, lv: LogicalVolumeObject) -> None:

@@ -76,8 +76,19 @@ def copy_running(lv: LogicalVolumeObject, second: bool = False) -> bool:
     if not (lv.copy_source or lv.copy is not None) or lv.deleting or lv.code:
         return False
     if second:
-        return lv.copy_round >= 2 and not lv.copy_done
+        return final_pending(lv)
     return not lv.copy_done or (lv.copy_keep_cut and lv.copy_round < 2)
+
+
+def final_pending(lv: LogicalVolumeObject) -> bool:
+    """A move's final copy into ``lv`` is to come or runs: its second cut is that copy's. The
+    cut is made once the source closes, which may be before the final copy is asked for (the
+    pre-copy done, ``spec.copy.round`` still 1)."""
+    if not lv.copy_source or lv.deleting or lv.code:
+        return False
+    if lv.copy_round >= 2:
+        return not lv.copy_done
+    return lv.copy_keep_cut and lv.copy_done
 
 
 def _verify_pending(raw: Mapping[str, Any]) -> bool:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Collection
+from dataclasses import dataclass, field
 
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node
@@ -31,6 +32,7 @@ from topolvm.k8s import api
 from topolvm.k8s import errors as kube
 from topolvm.k8s.lvobject import InvalidQuantity, LogicalVolumeObject
 from topolvm.k8s.runtime import Informer
+from topolvm.node.lvmd_client import LvmdCallError
 from topolvm.node.orphans import copy_running
 from topolvm.node.sourceopen import OpenUnknown, still_open
 from topolvm.node.volumes import (
@@ -57,6 +59,27 @@ DROP_ATTEMPTS, DROP_RETRY_FIRST, DROP_RETRY_MAX = 8, 1.0, 30.0  # a cut lvmd can
 MOVE_COW_SHARE = (8, 32)
 
 
+@dataclass
+class FinalCuts:
+    """What this process knows of the final cuts of moves whose source is here."""
+
+    locks: dict[str, asyncio.Lock] = field(default_factory=dict)  # target UID -> its cut's
+    early: dict[str, tuple[str, str]] = field(default_factory=dict)  # UID -> (volume id, class)
+    taken: set[str] = field(default_factory=set)  # target UIDs whose final cut a receiver reads
+    publishes: dict[str, int] = field(default_factory=dict)  # volume id -> publishes seen
+
+    def lock(self, uid: str) -> asyncio.Lock:
+        """One final cut of a target at a time: the early one and its receiver's, which then
+        finds it made."""
+        return self.locks.setdefault(uid, asyncio.Lock())
+
+    def forget(self, uid: str) -> bool:
+        """The target's copy ended; True if its final cut was made early."""
+        self.taken.discard(uid)
+        self.locks.pop(uid, None)
+        return self.early.pop(uid, None) is not None
+
+
 class TransferService:
     def __init__(
         self, client: AsyncClient, names: Names, node: str, volumes: LvmdVolumes, cuts: Cuts,
@@ -66,7 +89,9 @@ class TransferService:
         self.names = names
         self.node = node
         self.cuts = cuts
+        self.volumes = volumes
         self.resource = api.logicalvolume_resource(names)
+        self.finals = FinalCuts()
         # tokens made for this node's port alone: one shown elsewhere is refused here
         self.reviewer = TokenReviewer(client, accounts, audience(node), metrics)
         self.server = TransferServer(node, self.authorise, volumes, limits, metrics)
@@ -172,6 +197,15 @@ class TransferService:
             if keep:
                 await self.cuts.check(target.uid, dc)  # a job resumed after its reads failed
             return first, ""
+        async with self.finals.lock(target.uid):
+            cuts = await self._second(target, source, dc)
+            self.finals.taken.add(target.uid)  # read from now on: a publish does not drop it
+            return cuts
+
+    async def _second(
+        self, target: LogicalVolumeObject, source: LogicalVolumeObject, dc: str
+    ) -> tuple[str, str]:
+        size = source.current_size or source.size
         listed = await self.cuts.listed(dc, strict=True)
         if target.uid not in listed:
             raise Refused(
@@ -180,11 +214,65 @@ class TransferService:
             )  # fmt: skip
         await self.cuts.check(target.uid, dc)  # the delta's base, kept while the pod ran
         job = round_two(target.uid)
-        if job not in listed:  # (else it was cut once the source was closed)
-            await self._closed(source, dc)
-        second = await self.cuts.ensure(job, source.volume_id, dc, size // MOVE_COW_SHARE[1])
+        if job in listed and target.uid in self.finals.early:  # made here once the source closed
+            second = self.cuts.known(job, dc)
+        else:  # (one listed from before a restart was cut once the source was closed)
+            if job not in listed:
+                await self._closed(source, dc)
+            second = await self.cuts.ensure(job, source.volume_id, dc, size // MOVE_COW_SHARE[1])
         await self.cuts.check(job, dc)
         return second, cut_name(target.uid)
+
+    def final_early_soon(self, target: LogicalVolumeObject, source: LogicalVolumeObject) -> None:
+        """:meth:`final_early` in the background (the unpublish that told it returns now)."""
+        task = asyncio.create_task(self.final_early(target, source))
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+
+    async def final_early(self, target: LogicalVolumeObject, source: LogicalVolumeObject) -> None:
+        """``source``, a move's volume on this node whose pre-copy into ``target`` is done,
+        was just unmounted: its final cut, and the delta against the first, are made now,
+        while the move notices its pod's stop and the target's node asks (docs/mobility.md,
+        "Moving a claim"). A publish of ``source`` before the final copy reads the cut drops it
+        (:meth:`source_published`). Failures are logged: the final copy makes the cut then."""
+        dc, uid = source.device_class, target.uid
+        published = self.finals.publishes.get(source.volume_id, 0)
+        ctx = {"lv": source.name, "target": target.name}
+        try:
+            async with self.finals.lock(uid):
+                if uid in self.finals.taken or uid in self.finals.early:
+                    return
+                second, base = await self._second(target, source, dc)
+                if self.finals.publishes.get(source.volume_id, 0) != published:
+                    await self._drop_early(uid, dc, "published while it was cut")
+                    return
+                self.finals.early[uid] = (source.volume_id, dc)
+                info = await self.volumes.describe(second, dc, with_uuid=True)
+                await self.volumes.changed(second, base, dc, thin=info.thin, keep=True)
+        except (TransferError, LvmdCallError) as e:
+            log.info("a move's final cut waits for its copy", extra={**ctx, "error": str(e)})
+            return
+        log.info("a move's final cut made once its source closed", extra=ctx)
+
+    async def source_published(self, volume_id: str) -> None:
+        """``volume_id`` was published here: a final cut made early for it, not read yet, no
+        longer holds its last write, and goes (the final copy cuts it again once it closes)."""
+        self.finals.publishes[volume_id] = self.finals.publishes.get(volume_id, 0) + 1
+        for uid, (volume, dc) in list(self.finals.early.items()):
+            if volume == volume_id:
+                async with self.finals.lock(uid):
+                    if uid not in self.finals.taken and uid in self.finals.early:
+                        await self._drop_early(uid, dc, "its source was published again")
+
+    async def _drop_early(self, uid: str, dc: str, why: str) -> None:
+        self.finals.early.pop(uid, None)
+        self.volumes.forget(cut_name(round_two(uid)))
+        try:
+            await self.cuts.remove(round_two(uid), dc)
+            log.info("a move's early final cut dropped", extra={"target_uid": uid, "why": why})
+        except TransferError as e:
+            log.warning("a move's early final cut cannot be dropped", extra={
+                "target_uid": uid, "why": why, "error": str(e)})  # fmt: skip
 
     async def _closed(self, source: LogicalVolumeObject, dc: str) -> None:
         """The second cut waits until nothing holds the source open: a pod whose object was
@@ -223,6 +311,8 @@ class TransferService:
             if event != "DELETED" and copy_running(target):
                 return
             jobs = self.cuts.end(target.uid)  # no cut is made for it any more
+            if self.finals.forget(target.uid):
+                self.volumes.forget(cut_name(round_two(target.uid)))
             if jobs or not self.cuts.learnt(target.device_class):
                 task = asyncio.create_task(self._drop_cuts(target))
                 self._cleanups.add(task)

@@ -52,9 +52,14 @@ def job_of_round(job: str) -> str:
     return job.removesuffix(ROUND_TWO)
 
 
+KEPT_DELTAS = 32  # deltas worked out ahead of their copy (a move's final cut), at most
+
+
 class LvmdVolumes:
     def __init__(self, lvmd: LvmdClient) -> None:
         self.lvmd = lvmd
+        # (device class, volume, base) -> the delta worked out before its copy asked
+        self._kept: OrderedDict[tuple[str, str, str], list[tuple[int, int]]] = OrderedDict()
 
     async def describe(self, name: str, device_class: str, with_uuid: bool = False) -> VolumeInfo:
         try:
@@ -78,7 +83,30 @@ class LvmdVolumes:
             return None
 
     async def changed(
-        self, name: str, base: str, device_class: str, thin: bool = True
+        self, name: str, base: str, device_class: str, thin: bool = True, *, keep: bool = False
+    ) -> list[tuple[int, int]] | None:
+        """The delta of cut ``name`` against cut ``base``; with ``keep`` it is also kept for
+        the next caller, who gets it without asking lvmd (once). Cuts are read-only: a thin
+        one's blocks never change, and a thick one's table only grows while its origin is
+        written, so a delta read earlier still covers every range that differs."""
+        key = (device_class, name, base)
+        if not keep and (kept := self._kept.pop(key, None)) is not None:
+            return kept
+        ranges = await self._changed(name, base, device_class, thin)
+        if keep and ranges is not None:
+            self._kept[key] = ranges
+            self._kept.move_to_end(key)
+            while len(self._kept) > KEPT_DELTAS:
+                self._kept.popitem(last=False)
+        return ranges
+
+    def forget(self, name: str) -> None:
+        """The cut ``name`` is going: a delta kept for it is dropped."""
+        for key in [k for k in self._kept if name in k[1:]]:
+            del self._kept[key]
+
+    async def _changed(
+        self, name: str, base: str, device_class: str, thin: bool
     ) -> list[tuple[int, int]] | None:
         delta = self.lvmd.thin_delta if thin else self.lvmd.cow_delta
         try:
@@ -169,6 +197,14 @@ class Cuts:
             await self.remove(job_uid, device_class)
             raise JobEnded(f"the copy job {job_of_round(job_uid)} ended while its cut was made")
         return name
+
+    def known(self, job_uid: str, device_class: str) -> str:
+        """The cut of job ``job_uid`` that this process made and no job's end removed: held
+        again without asking lvmd (:class:`JobEnded` if the job ended)."""
+        if self.ended(job_uid):
+            raise JobEnded(f"the copy job {job_of_round(job_uid)} ended: its cut is not read")
+        self.held[job_uid] = device_class
+        return cut_name(job_uid)
 
     async def _make(self, job_uid: str, source: str, device_class: str, min_cow: int) -> str:
         name = cut_name(job_uid)
