@@ -313,6 +313,12 @@ async def test_a_pods_two_claims_move_together_losing_no_write(
         assert any("thick, its changed chunks" in e for e in said), said
         assert vm.status.downtime_seconds > 0
         await pulled_before_the_stop(abc, registry, image, vm)
+        # both final cuts were made once the kubelet unmounted the claims, before the final
+        # copy asked (docs/mobility.md, "The final cut waits for the source to close")
+        [source] = [n for n in abc.nodes if n.name == w.source]
+        logged = (await asyncio.to_thread(source.node_log, "topolvm-node", 2000)).splitlines()
+        early = [ln for ln in logged if "final cut made once its source closed" in ln]
+        assert len(early) == 2, "\n".join(ln for ln in logged if "cut" in ln)
         # for the record: the same pod restarted on its node (docs/mobility.md)
         restart = await restart_seconds(abc, w.pod)
         steps = move_timeline(driver.log("topolvm-controller"),

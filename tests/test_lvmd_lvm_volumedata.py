@@ -22,6 +22,7 @@ import pytest
 
 from tests.lvm_fixtures import GiB, LvmdClient, code_of, lvm
 from tests.lvmd_lvm_helpers import MiB, both, lv_report, vg_free  # noqa: F401
+from topolvm.lvm.report import FULLREPORT_ARGS, parse_report
 from topolvm.proto import lvmd_pb2 as pb
 from topolvm.proto import volumedata_pb2 as vd
 from topolvm.transfer.blockio import Volume
@@ -171,6 +172,12 @@ async def test_a_thin_delta_covers_exactly_the_chunks_written_between_two_snapsh
         return [(o, n) for m in await _all(both.data.ThinDelta(req))
                 for o, n in zip(m.offsets, m.lengths, strict=True)]  # fmt: skip
 
+    # the device ids thin_dump is given come from lvmd's fullreport (no lvs per volume)
+    out = lvm(*FULLREPORT_ARGS, "--reportformat", "json", "--units", "b", "--nosuffix")
+    ids = {lv.name: lv.thin_id for lv in parse_report(json.loads(out)).lvs_of("vg1")}
+    for name in ("t", "t-a", "t-b"):
+        assert ids[name] == int(_lv_fields(f"vg1/{name}", "thin_id")["thin_id"]), ids
+    assert ids["pool0"] is None
     assert await delta("t-b", "t-a") == written
     assert await delta("t-a", "t-b") == written  # the same blocks differ either way
     assert await delta("t", "t-b") == []  # nothing written since B

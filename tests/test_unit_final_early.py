@@ -53,6 +53,7 @@ class Cuts:
         self.existing = ["uid-t"]  # the first cut, kept since the pre-copy
         self.made: list[str] = []
         self.removed: list[str] = []
+        self.checked: list[str] = []  # the cuts checked for an overflow
         self.hold: asyncio.Event | None = None  # lvmd makes the cut once it is set
 
     async def ensure(self, job: str, source: str, dc: str, min_cow: int = 0) -> str:
@@ -68,7 +69,7 @@ class Cuts:
         return cut_name(job)
 
     async def check(self, job: str, dc: str) -> None:
-        return None
+        self.checked.append(job)
 
     async def listed(self, dc: str, strict: bool = False) -> list[str]:
         return list(self.existing)
@@ -114,9 +115,11 @@ async def test_the_final_copy_finds_its_cut_and_delta_made_when_the_source_close
     await service.final_early(_target(), SOURCE)
     assert service.cuts.made == [round_two("uid-t")]
     assert (lvmd.asked_open, lvmd.deltas) == (1, 1)
-    # the final copy is asked for: nothing more to cut, ask about or compare
+    assert service.cuts.checked == ["uid-t", round_two("uid-t")]  # after the source closed
+    # the final copy is asked for: nothing more to cut, check, ask about or compare
     assert await service._cut(_target(round_=2, done=False), SOURCE) == (SECOND, FIRST)
     assert service.cuts.made == [round_two("uid-t")]
+    assert service.cuts.checked == ["uid-t", round_two("uid-t")]
     assert lvmd.asked_open == 1
     assert await service.volumes.changed(SECOND, FIRST, "thin") == DELTA
     assert lvmd.deltas == 1

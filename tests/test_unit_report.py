@@ -325,3 +325,24 @@ def test_with_vg_free_without_mutating(report: Report) -> None:
 @pytest.mark.parametrize(("free", "expected"), [(-1, 0), (VG_SIZE + 1, VG_SIZE), (0, 0)])
 def test_with_vg_free_is_clamped_to_the_vg(report: Report, free: int, expected: int) -> None:
     assert with_vg_free(report, "myvg1", free).vgs["myvg1"].free == expected
+
+
+def test_a_thin_volumes_device_id_comes_from_its_segment(doc: dict[str, Any]) -> None:
+    """fullreport's seg subreport gives each thin volume's device id (thin_dump's --dev-id),
+    so a thin delta asks no ``lvs`` per volume; an LV without one (thick, or a report without
+    segments) has none."""
+    section = doc["report"][0]
+    uuids = {row["lv_name"]: row["lv_uuid"] for row in section["lv"]}
+    section["seg"] = [
+        {"lv_uuid": uuids["thin1"], "thin_id": "1"},
+        {"lv_uuid": uuids["snap1"], "thin_id": "7"},
+        {"lv_uuid": uuids["thick1"], "thin_id": ""},
+        {"lv_uuid": uuids["thinpool"], "thin_id": ""},
+    ]
+    report = parse_report(doc)
+    assert (lv(report, "thin1").thin_id, lv(report, "snap1").thin_id) == (1, 7)
+    assert lv(report, "thick1").thin_id is None and lv(report, "thinpool").thin_id is None
+    assert lv(parse_report(load_fullreport()), "thin1").thin_id is None
+    section["seg"][0]["thin_id"] = "x"
+    with pytest.raises(ReportError):
+        parse_report(doc)

@@ -6,7 +6,7 @@ Every value in an LVM JSON report is a string; sizes are requested in bytes with
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from topolvm.lvm.errors import ReportError
@@ -16,13 +16,15 @@ LV_FIELDS = (
     "lv_uuid,lv_name,lv_full_name,lv_path,lv_size,lv_kernel_major,lv_kernel_minor,origin,"
     "origin_size,pool_lv,lv_tags,lv_attr,vg_name,data_percent,metadata_percent"
 )
+# a thin volume's device id (a segment's field): thin_dump's --dev-id, without an lvs per volume
+SEG_FIELDS = "lv_uuid,thin_id"
 FULLREPORT_ARGS = (
     "fullreport",
     "--configreport", "vg", "-o", VG_FIELDS,
     "--configreport", "lv", "-o", LV_FIELDS,
     "--configreport", "pv", "-o,",
     "--configreport", "pvseg", "-o,",
-    "--configreport", "seg", "-o,",
+    "--configreport", "seg", "-o", SEG_FIELDS,
 )  # fmt: skip
 
 
@@ -50,6 +52,7 @@ class LvRecord:
     attr: str
     data_percent: float | None = None
     metadata_percent: float | None = None
+    thin_id: int | None = None  # a thin volume's device id in its pool (fullreport only)
 
     @property
     def full_name(self) -> str:
@@ -176,6 +179,7 @@ def parse_report(doc: Mapping[str, Any]) -> Report:
     """Parse ``fullreport`` (one section per VG) or a ``vgs``/``lvs`` report."""
     vgs: dict[str, VolumeGroup] = {}
     lvs: dict[str, list[LvRecord]] = {}
+    thin_ids: dict[str, int] = {}  # lv_uuid -> thin_id, from the segments
     for section in _sections(doc):
         for row in _rows(section, "vg"):
             vg = parse_vg(row)
@@ -184,7 +188,13 @@ def parse_report(doc: Mapping[str, Any]) -> Report:
         for row in _rows(section, "lv"):
             lv = parse_lv(row)
             lvs.setdefault(lv.vg_name, []).append(lv)
-    return Report(vgs=vgs, lvs={k: tuple(v) for k, v in lvs.items()})
+        for row in _rows(section, "seg"):
+            if _str(row, "thin_id"):
+                thin_ids[_str(row, "lv_uuid")] = _uint(row, "thin_id")
+    return Report(vgs=vgs, lvs={
+        k: tuple(replace(lv, thin_id=thin_ids.get(lv.uuid)) if lv.uuid in thin_ids else lv
+                 for lv in v)
+        for k, v in lvs.items()})  # fmt: skip
 
 
 def has_cow_snapshot(report: Report, lv: LvRecord) -> bool:

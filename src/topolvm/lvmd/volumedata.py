@@ -230,7 +230,9 @@ class VolumeDataService:
     async def _dump(self, *lvs: LvRecord, runs: bool = False) -> list[ThinDump]:
         """The mappings of thin volumes of one pool, all from one metadata snapshot."""
         first = lvs[0]
-        dumps = [ThinDump(await self._lv_field(lv.full_name, "thin_id"), runs=runs) for lv in lvs]
+        dumps = [ThinDump(lv.thin_id if lv.thin_id is not None
+                          else await self._lv_field(lv.full_name, "thin_id"), runs=runs)
+                 for lv in lvs]  # fmt: skip
         tpool = dm_name(first.vg_name, first.pool_lv, "tpool")
         tmeta = f"/dev/mapper/{dm_name(first.vg_name, first.pool_lv + '_tmeta')}"
         async with self.state.lock:

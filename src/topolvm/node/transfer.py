@@ -212,14 +212,15 @@ class TransferService:
                 "unknown-job", f"the first cut of {source.name} that {target.name} was filled "
                 "from is gone: the move's final copy cannot be a delta"
             )  # fmt: skip
-        await self.cuts.check(target.uid, dc)  # the delta's base, kept while the pod ran
         job = round_two(target.uid)
-        if job in listed and target.uid in self.finals.early:  # made here once the source closed
-            second = self.cuts.known(job, dc)
-        else:  # (one listed from before a restart was cut once the source was closed)
-            if job not in listed:
-                await self._closed(source, dc)
-            second = await self.cuts.ensure(job, source.volume_id, dc, size // MOVE_COW_SHARE[1])
+        if job in listed and target.uid in self.finals.early:
+            # made here once the source closed, both cuts checked then; nothing wrote the
+            # source since (a publish drops it), so neither can have overflowed
+            return self.cuts.known(job, dc), cut_name(target.uid)
+        await self.cuts.check(target.uid, dc)  # the delta's base, kept while the pod ran
+        if job not in listed:  # (one listed from before a restart was cut once it was closed)
+            await self._closed(source, dc)
+        second = await self.cuts.ensure(job, source.volume_id, dc, size // MOVE_COW_SHARE[1])
         await self.cuts.check(job, dc)
         return second, cut_name(target.uid)
 
