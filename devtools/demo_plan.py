@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from topolvm.node.transfer import MOVE_COW_SHARE
+from topolvm.node.finalcut import MOVE_COW_SHARE
 from topolvm.units import apart, human
 
 GiB = 1 << 30

@@ -193,24 +193,35 @@ async def restart_seconds(s: Scenario, pod: str) -> float:
 _STEP = re.compile(r"^(\S+ \S+) INFO\s+\S+: move step .*?move='([^']*)' .*?to='([^']*)'")
 
 
-def move_timeline(controller_log: Path, moves: list[str]) -> str:
-    """When each of ``moves`` (namespace/name) entered each phase from its pod's stop on, in
-    seconds after the first of them stopped, from topolvm-controller's "move step" log lines
-    (the test bed's text format): ``claim: FinalCopy +1.2 Swapping +3.4 ...``."""
+def _steps(controller_log: Path, moves: list[str]) -> list[tuple[str, str, datetime]]:
+    """(move, phase entered, when) from topolvm-controller's "move step" log lines (the test
+    bed's text format)."""
     steps: list[tuple[str, str, datetime]] = []
     for line in controller_log.read_text(errors="replace").splitlines():
         found = _STEP.match(line)
         if found and found.group(2) in moves:
             at = datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S,%f")
             steps.append((found.group(2), found.group(3), at))
+    return steps
+
+
+def move_timeline(controller_log: Path, moves: list[str]) -> tuple[str, float]:
+    """When each of ``moves`` (namespace/name) entered each phase from its pod's stop on, in
+    seconds after the first of them stopped (``claim: FinalCopy +1.2 Swapping +3.4 ...``), and
+    the pod's downtime to a tenth of a second: from that first stop until the last of them saw
+    the pod run on the target (status.downtimeSeconds is whole seconds, counted from a stamp of
+    whole seconds)."""
+    steps = _steps(controller_log, moves)
     stops = [at for _, phase, at in steps if phase == "Stopping"]
-    if not stops:
-        return f"no move steps in {controller_log}"
+    runs = [at for _, phase, at in steps if phase == "Verifying"]
+    if not stops or not runs:
+        return f"no move steps in {controller_log}", 0.0
     zero = min(stops)
-    return "; ".join(
+    text = "; ".join(
         f"{move.partition('/')[2]}: " + " ".join(
             f"{phase} +{(at - zero).total_seconds():.1f}"
             for m, phase, at in steps if m == move and at >= zero
         )
         for move in moves
     )  # fmt: skip
+    return text, (max(runs) - zero).total_seconds()

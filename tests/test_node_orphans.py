@@ -24,10 +24,11 @@ from topolvm.k8s import api, orphanlvs
 from topolvm.k8s.orphanlvs import Kind, OrphanLv
 from topolvm.k8s.runtime import Informer
 from topolvm.node.exporter import NodeMetrics
+from topolvm.node.finalcut import FinalCuts
 from topolvm.node.lvmd_client import LvmdCallError, SocketLvmd
 from topolvm.node.orphans import Accounting, LvAccounting, NodeLv, account
-from topolvm.node.transfer import FinalCuts, TransferService
-from topolvm.node.volumes import CUT_TAG, Cuts, JobEnded
+from topolvm.node.transfer import TransferService
+from topolvm.node.volumes import CUT_TAG, Cuts, JobEnded, LvmdVolumes
 from topolvm.proto import lvmd_pb2 as pb
 from topolvm.proto import volumedata_pb2 as vd
 
@@ -209,7 +210,7 @@ def _watching(lvmd: CutLvmd) -> tuple[TransferService, Callable[[str, dict[str, 
     service = TransferService.__new__(TransferService)
     service.cuts = Cuts(lvmd)  # type: ignore[arg-type]
     service._cleanups = set()
-    service.finals = FinalCuts()
+    service.final = FinalCuts(service.cuts, LvmdVolumes(lvmd), "n", asyncio.ensure_future)  # type: ignore[arg-type]
     handlers: list[Callable[[str, dict[str, Any]], None]] = []
     service.watch(SimpleNamespace(add_handler=handlers.append))  # type: ignore[arg-type]
     return service, handlers[0]

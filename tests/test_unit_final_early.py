@@ -1,40 +1,47 @@
-"""A move's final cut made the moment its source is unmounted (node/finalearly.py,
-node/transfer.py): the cut and its delta are ready when the final copy asks, which then asks
-lvmd for neither; a publish of the source before the final copy reads the cut drops it (the final
-copy waits for the source to close again); once read, it stays. And which unmounts lead to one."""
+"""A move's final cut made the moment its source is unmounted (node/finalcut.py): the cut and
+its delta are ready when the final copy asks, which then asks lvmd for neither; a publish of the
+source before the final copy reads the cut drops it at once, without waiting (the final copy
+then waits for the source to close again); once read, it stays. A second cut this process did
+not make (before a restart), or could not drop, is never trusted: it is made again once the
+source is closed. And which unmounts lead to one, and the publish hooks' time limits."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import pytest
+from grpclib.const import Status
 
 from topolvm.k8s.lvobject import CopyPhase, CopyStatus, LogicalVolumeObject
-from topolvm.node.finalearly import EarlyFinalCuts
+from topolvm.node import csihooks
+from topolvm.node.finalcut import FinalCutHooks, FinalCuts
+from topolvm.node.lvmd_client import LvmdCallError
 from topolvm.node.orphans import copy_running, final_pending
-from topolvm.node.transfer import FinalCuts, TransferService
 from topolvm.node.volumes import JobEnded, LvmdVolumes, cut_name, round_two
 from topolvm.proto import volumedata_pb2 as vd
-from topolvm.transfer.errors import Refused
+from topolvm.transfer.errors import Refused, TransferError
 
 MOUNTED = vd.OpenStateResponse(active=True, open_count=1, mounts=["/var/lib/kubelet/a/mount"])
 CLOSED = vd.OpenStateResponse(active=True)
 DELTA = [(0, 1 << 20), (8 << 20, 2 << 20)]
 FIRST, SECOND = cut_name("uid-t"), cut_name(round_two("uid-t"))
+R2 = round_two("uid-t")
 
 
 class Lvmd:
     """lvmd as the source node's copies ask it: open state, describe, thin delta (counted)."""
 
-    def __init__(self, state: vd.OpenStateResponse = CLOSED) -> None:
-        self.state = state
+    def __init__(self, state: vd.OpenStateResponse | None = CLOSED) -> None:
+        self.state = state  # None: an lvmd without OpenState
         self.asked_open = 0
         self.deltas = 0
 
     async def open_state(self, name: str, device_class: str) -> vd.OpenStateResponse:
         self.asked_open += 1
+        if self.state is None:
+            raise LvmdCallError(Status.UNIMPLEMENTED, "unknown method OpenState")
         return self.state
 
     async def describe_lv(self, name: str, device_class: str, with_uuid: bool = False) -> Any:
@@ -55,6 +62,7 @@ class Cuts:
         self.removed: list[str] = []
         self.checked: list[str] = []  # the cuts checked for an overflow
         self.hold: asyncio.Event | None = None  # lvmd makes the cut once it is set
+        self.remove_fails = False
 
     async def ensure(self, job: str, source: str, dc: str, min_cow: int = 0) -> str:
         if self.hold is not None:
@@ -75,19 +83,30 @@ class Cuts:
         return list(self.existing)
 
     async def remove(self, job: str, dc: str) -> bool:
+        if self.remove_fails:
+            raise TransferError(f"cannot remove the cut of job {job}: in use")
         self.removed.append(job)
         self.existing.remove(job)
         return True
 
 
-def _service(lvmd: Lvmd) -> Any:
-    service = TransferService.__new__(TransferService)
-    service.cuts = Cuts(lvmd)  # type: ignore[assignment]
-    service.volumes = LvmdVolumes(lvmd)  # type: ignore[arg-type]
-    service.finals = FinalCuts()
-    service.node = "node-a"
-    service._cleanups = set()
-    return service
+class Final(FinalCuts):
+    """FinalCuts over the fakes; its background work is awaited by :meth:`settle`."""
+
+    def __init__(self, lvmd: Lvmd | None = None) -> None:
+        self.lvmd = lvmd or Lvmd()
+        self.tasks: list[asyncio.Future[None]] = []
+        super().__init__(Cuts(self.lvmd), LvmdVolumes(self.lvmd), "node-a", self._keep)  # type: ignore[arg-type]
+
+    def _keep(self, work: Coroutine[Any, Any, None]) -> None:
+        self.tasks.append(asyncio.ensure_future(work))
+
+    async def settle(self) -> None:
+        await asyncio.gather(*self.tasks)
+
+    @property
+    def fake(self) -> Cuts:
+        return self.cuts  # type: ignore[return-value]
 
 
 def _target(round_: int = 1, done: bool = True, source: str = "pvc-src") -> LogicalVolumeObject:
@@ -97,6 +116,7 @@ def _target(round_: int = 1, done: bool = True, source: str = "pvc-src") -> Logi
                                copy=copy)  # fmt: skip
 
 
+FINAL = _target(round_=2, done=False)  # the final copy asked for
 SOURCE = LogicalVolumeObject("pvc-src", "uid-src", "1", "node-a", 1 << 30, device_class="thin",
                              volume_id="id-src")  # fmt: skip
 
@@ -110,70 +130,97 @@ def quick(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_the_final_copy_finds_its_cut_and_delta_made_when_the_source_closed() -> None:
-    lvmd = Lvmd()
-    service = _service(lvmd)
-    await service.final_early(_target(), SOURCE)
-    assert service.cuts.made == [round_two("uid-t")]
-    assert (lvmd.asked_open, lvmd.deltas) == (1, 1)
-    assert service.cuts.checked == ["uid-t", round_two("uid-t")]  # after the source closed
+    final = Final()
+    await final.make_early(_target(), SOURCE)
+    assert final.fake.made == [R2]
+    assert (final.lvmd.asked_open, final.lvmd.deltas) == (1, 1)
+    assert final.fake.checked == ["uid-t", R2]  # after the source closed
     # the final copy is asked for: nothing more to cut, check, ask about or compare
-    assert await service._cut(_target(round_=2, done=False), SOURCE) == (SECOND, FIRST)
-    assert service.cuts.made == [round_two("uid-t")]
-    assert service.cuts.checked == ["uid-t", round_two("uid-t")]
-    assert lvmd.asked_open == 1
-    assert await service.volumes.changed(SECOND, FIRST, "thin") == DELTA
-    assert lvmd.deltas == 1
-    assert await service.volumes.changed(SECOND, FIRST, "thin") == DELTA  # kept for one use
-    assert lvmd.deltas == 2
+    assert await final.for_copy(FINAL, SOURCE) == (SECOND, FIRST)
+    assert final.fake.made == [R2] and final.fake.checked == ["uid-t", R2]
+    assert final.lvmd.asked_open == 1
+    assert await final.volumes.changed(SECOND, FIRST, "thin") == DELTA
+    assert final.lvmd.deltas == 1
+    assert await final.volumes.changed(SECOND, FIRST, "thin") == DELTA  # kept for one use
+    assert final.lvmd.deltas == 2
 
 
 async def test_a_source_published_again_before_the_final_copy_loses_its_early_cut() -> None:
-    lvmd = Lvmd()
-    service = _service(lvmd)
-    await service.final_early(_target(), SOURCE)
-    await service.source_published("id-other")  # another volume: nothing happens
-    assert service.cuts.removed == []
-    await service.source_published("id-src")
-    assert service.cuts.removed == [round_two("uid-t")]
+    final = Final()
+    await final.make_early(_target(), SOURCE)
+    final.publishing("id-other")  # another volume: nothing happens
+    await final.settle()
+    assert final.fake.removed == []
+    final.publishing("id-src")  # returns at once; the cut goes in the background
+    assert "uid-t" not in final.early
+    await final.settle()
+    assert final.fake.removed == [R2]
     # the delta kept for it is gone too, and the final copy waits for the source to close
-    lvmd.state = MOUNTED
+    final.lvmd.state = MOUNTED
     with pytest.raises(Refused) as e:
-        await service._cut(_target(round_=2, done=False), SOURCE)
+        await final.for_copy(FINAL, SOURCE)
     assert e.value.reason == "unavailable" and "still open" in e.value.message
-    assert await service.volumes.changed(SECOND, FIRST, "thin") == DELTA
-    assert lvmd.deltas == 2
+    assert await final.volumes.changed(SECOND, FIRST, "thin") == DELTA
+    assert final.lvmd.deltas == 2
 
 
 async def test_an_early_cut_the_final_copy_reads_stays_when_the_source_is_published() -> None:
-    service = _service(Lvmd())
-    await service.final_early(_target(), SOURCE)
-    await service._cut(_target(round_=2, done=False), SOURCE)
-    await service.source_published("id-src")
-    assert service.cuts.removed == []
+    final = Final()
+    await final.make_early(_target(), SOURCE)
+    await final.for_copy(FINAL, SOURCE)
+    final.publishing("id-src")
+    await final.settle()
+    assert final.fake.removed == []
+    assert await final.for_copy(FINAL, SOURCE) == (SECOND, FIRST)  # a resumed final copy
+    assert final.fake.made == [R2]
 
 
-async def test_a_publish_while_the_early_cut_is_made_drops_it() -> None:
-    service = _service(Lvmd())
-    service.cuts.hold = asyncio.Event()
-    early = asyncio.create_task(service.final_early(_target(), SOURCE))
-    await asyncio.sleep(0.01)  # it asked lvmd for the cut
-    published = asyncio.create_task(service.source_published("id-src"))
-    await asyncio.sleep(0.01)
-    service.cuts.hold.set()
-    await asyncio.gather(early, published)
-    assert service.cuts.made == [round_two("uid-t")]
-    assert service.cuts.removed == [round_two("uid-t")]
-    assert "uid-t" not in service.finals.early
+async def test_a_publish_while_the_early_cut_is_made_drops_it_without_waiting() -> None:
+    final = Final()
+    final.fake.hold = asyncio.Event()
+    early = asyncio.create_task(final.make_early(_target(), SOURCE))
+    await asyncio.sleep(0.01)  # it asked lvmd for the cut, holding the target's lock
+    final.publishing("id-src")  # does not wait for that lock
+    final.fake.hold.set()
+    await early
+    await final.settle()
+    assert final.fake.made == [R2] and final.fake.removed == [R2]
+    assert "uid-t" not in final.early
 
 
-async def test_a_source_still_open_gets_no_early_cut_and_no_error() -> None:
-    lvmd = Lvmd(MOUNTED)
-    service = _service(lvmd)
-    await service.final_early(_target(), SOURCE)  # logged; the final copy cuts it later
-    assert service.cuts.made == [] and lvmd.deltas == 0
-    lvmd.state = CLOSED
-    assert await service._cut(_target(round_=2, done=False), SOURCE) == (SECOND, FIRST)
-    assert service.cuts.made == [round_two("uid-t")]
+async def test_a_second_cut_this_process_did_not_make_is_made_again_once_closed() -> None:
+    """A topolvm-node restarted after an early cut (its source published again since, perhaps),
+    or one whose early cut could not be dropped: the cut found is not trusted."""
+    final = Final(Lvmd(MOUNTED))
+    final.fake.existing.append(R2)  # from before a restart
+    with pytest.raises(Refused) as e:
+        await final.for_copy(FINAL, SOURCE)
+    assert "still open" in e.value.message and final.fake.removed == [R2]
+    final.lvmd.state = CLOSED
+    assert await final.for_copy(FINAL, SOURCE) == (SECOND, FIRST)
+    assert final.fake.made == [R2]
+    # an early cut whose drop failed is not trusted either
+    other = Final()
+    await other.make_early(_target(), SOURCE)
+    other.fake.remove_fails = True
+    other.publishing("id-src")
+    await other.settle()
+    assert R2 in other.fake.existing and "uid-t" not in other.early
+    other.fake.remove_fails = False
+    await other.for_copy(FINAL, SOURCE)
+    assert other.fake.removed == [R2] and other.fake.made == [R2, R2]
+
+
+async def test_no_early_cut_while_the_source_is_open_or_lvmd_cannot_tell() -> None:
+    final = Final(Lvmd(MOUNTED))  # a second pod on this node still mounts it
+    await final.make_early(_target(), SOURCE)  # logged; the final copy cuts it later
+    assert final.fake.made == [] and final.lvmd.deltas == 0
+    final.lvmd.state = CLOSED
+    assert await final.for_copy(FINAL, SOURCE) == (SECOND, FIRST)
+    older = Final(Lvmd(None))  # an lvmd without OpenState
+    await older.make_early(_target(), SOURCE)
+    assert older.fake.made == []
+    assert await older.for_copy(FINAL, SOURCE) == (SECOND, FIRST)  # as before: cut, warned
 
 
 def test_a_second_cut_belongs_to_a_move_from_its_pre_copys_end_to_its_final_copys() -> None:
@@ -200,30 +247,40 @@ class Store:
         return list(self.lvs)
 
 
-class Transfer:
-    def __init__(self) -> None:
-        self.early: list[str] = []
-        self.published: list[str] = []
-
-    def final_early_soon(self, target: LogicalVolumeObject, source: LogicalVolumeObject) -> None:
-        self.early.append(f"{source.name}->{target.name}")
-
-    async def source_published(self, volume_id: str) -> None:
-        self.published.append(volume_id)
-
-
 async def test_only_an_unmount_of_a_pre_copied_moves_source_on_this_node_cuts_early() -> None:
     precopying = _target(done=False)
-    precopying.name = "t2"
+    precopying.name, precopying.uid = "t2", "uid-t2"
     other = _target(source="pvc-other")
-    other.name = "t3"
-    transfer = Transfer()
-    hooks = EarlyFinalCuts(Store(_target(), precopying, other), transfer, "node-a")  # type: ignore[arg-type]
+    other.name, other.uid = "t3", "uid-t3"
+    final = Final()
+    hooks = FinalCutHooks(Store(_target(), precopying, other), final, "node-a")  # type: ignore[arg-type]
     await hooks.unpublished("id-src", "/var/lib/kubelet/pods/p/volumes/x/mount")
-    assert transfer.early == ["pvc-src->t"]
+    await final.settle()
+    assert final.fake.made == [R2] and list(final.early) == ["uid-t"]
     await hooks.unpublished("id-unknown", "/x")
-    elsewhere = EarlyFinalCuts(Store(_target()), transfer, "node-b")  # type: ignore[arg-type]
+    elsewhere = FinalCutHooks(Store(_target()), Final(), "node-b")  # type: ignore[arg-type]
     await elsewhere.unpublished("id-src", "/x")  # the source is not this node's
-    assert transfer.early == ["pvc-src->t"]
-    await hooks.published("id-src", "/x", {})
-    assert transfer.published == ["id-src"]
+    assert elsewhere.final.tasks == []  # type: ignore[attr-defined]
+    await hooks.publishing("id-src", "/x")
+    await final.settle()
+    assert final.fake.removed == [R2]
+
+
+class Hook:
+    def __init__(self, hang: bool = False) -> None:
+        self.hang = hang
+        self.calls: list[str] = []
+
+    async def publishing(self, volume_id: str, target: str) -> None:
+        self.calls.append(volume_id)
+        if self.hang:
+            await asyncio.sleep(60)
+
+
+async def test_a_hook_that_hangs_is_cut_short_and_the_next_still_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(csihooks, "HOOK_TIMEOUT", 0.05)
+    first, second = Hook(hang=True), Hook()
+    await csihooks.run_hooks([first, second], "publishing", "v", "/t")  # type: ignore[list-item]
+    assert first.calls == ["v"] and second.calls == ["v"]

@@ -4,15 +4,17 @@ is always a delta against it, and what a move's copy does when a cut is gone or 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 from grpclib.const import Status
 
 from topolvm.k8s.lvobject import LogicalVolumeObject
+from topolvm.node.finalcut import FinalCuts
 from topolvm.node.lvmd_client import LvmdCallError
-from topolvm.node.transfer import FinalCuts, TransferService
-from topolvm.node.volumes import CutOverflowed, Cuts, NoRoomForCut, cut_name, round_two
+from topolvm.node.transfer import TransferService
+from topolvm.node.volumes import CutOverflowed, Cuts, LvmdVolumes, NoRoomForCut, cut_name, round_two
 from topolvm.proto import lvmd_pb2 as pb
 from topolvm.proto import volumedata_pb2 as vd
 from topolvm.transfer.errors import Refused, SourceFailed
@@ -48,7 +50,7 @@ class FakeCuts:
 def _service(cuts: FakeCuts) -> Any:
     service = TransferService.__new__(TransferService)
     service.cuts = cuts  # type: ignore[assignment]
-    service.finals = FinalCuts()
+    service.final = FinalCuts(cuts, LvmdVolumes(cuts.lvmd), "node-a", asyncio.ensure_future)  # type: ignore[arg-type]
     return service
 
 

@@ -428,6 +428,13 @@ class LVService:
                 log.exception("could not remove the half-made snapshot", extra={"lv": name})
             raise
         base = replace(
-            src, name=name, path=path, origin=src.name, tags=tuple(tags) or ("",), attr="", uuid=""
+            src,
+            name=name,
+            path=path,
+            origin=src.name,
+            tags=tuple(tags) or ("",),
+            attr="",
+            uuid="",
+            thin_id=None,
         )
         return await self._read_lv(vg, name, base)

@@ -75,6 +75,12 @@ class LvmState:
         self.refreshes += 1
         return report
 
+    def cached(self) -> Report | None:
+        """The model as it stands, without waiting for a change or a report that runs: for a
+        read of one LV no running change touches (a publish's DescribeLV must not wait behind
+        a cut's removal). None before the first report."""
+        return self._report
+
     async def current_locked(self) -> Report:
         """The cached model, possibly dirty. The caller holds :attr:`lock`."""
         if self._report is None:

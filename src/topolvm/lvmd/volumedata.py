@@ -87,9 +87,13 @@ class VolumeDataService:
     async def _known(self, dc: DeviceClass, name: str, uuid: bool) -> tuple[Report, LvRecord]:
         """The LV as lvmd's model has it (its own changes are in it), read again only when it
         is not there, or its uuid is asked for and not known yet: a copy's describe then costs
-        no LVM command (a report took 0.25 s of a copy's set-up in the test bed's guests)."""
-        async with self.state.lock:
-            report = await self.state.current_locked()
+        no LVM command (a report took 0.25 s of a copy's set-up in the test bed's guests), and
+        does not wait for a change that runs (a publish waited 1.3 s behind two cuts' removal
+        in a move's start)."""
+        report = self.state.cached()
+        if report is None:
+            async with self.state.lock:
+                report = await self.state.current_locked()
         lv = next((x for x in find_pool(report, dc).lvs(report) if x.name == name), None)
         if lv is None or (uuid and not lv.uuid):
             report = await self.state.fresh()

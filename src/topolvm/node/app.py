@@ -24,9 +24,8 @@ from topolvm.k8s.runtime import Controller, Informer
 from topolvm.lvmd.server import Options
 from topolvm.node.copies import CopyJobs, CopyOptions
 from topolvm.node.csi_node import NodeService
-from topolvm.node.csihooks import AllHooks
 from topolvm.node.exporter import CapacityExporter, NodeMetrics
-from topolvm.node.finalearly import EarlyFinalCuts
+from topolvm.node.finalcut import FinalCutHooks
 from topolvm.node.iolimiter import CGROUP_ROOT, IoLimiter
 from topolvm.node.iometrics import IoLimitCollector
 from topolvm.node.lvmd_client import EmbeddedLvmd, LvmdClient, SocketLvmd
@@ -144,10 +143,10 @@ class TopolvmNode:
                                    options.cgroup_root)  # fmt: skip
         self.io_limits.watch(self.informer)
         self.registry.register(IoLimitCollector(options.node_name, lambda: self.io_limits.in_force))
-        # a move's final cut is made as soon as its source is unmounted here (finalearly.py)
-        early = EarlyFinalCuts(self.volumes, self.transfer, options.node_name)
+        # a move's final cut is made as soon as its source is unmounted here (finalcut.py)
+        final = FinalCutHooks(self.volumes, self.transfer.final, options.node_name)
         self.node_service = NodeService(options.node_name, self.names, self.lvmd, self.volumes,
-                                        AllHooks(self.io_limits, early))  # fmt: skip
+                                        (final, self.io_limits))  # fmt: skip
         self.node_service.grpc_metrics = GrpcMetrics(self.registry)
 
     async def check_api(self, attempts: int = 30) -> None:

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import os
 import stat
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from topolvm.constants import Names
@@ -20,7 +20,7 @@ from topolvm.csi.accessmode import mode_name
 from topolvm.csi.mountflags import check_path
 from topolvm.node import mounter
 from topolvm.node.condition import InvalidLvAttr, condition_from_attr
-from topolvm.node.csihooks import PublishHooks, VolumeLookup, run_hook
+from topolvm.node.csihooks import PublishHooks, VolumeLookup, run_hooks
 from topolvm.node.csirequests import (
     check_capacity_range,
     mount_options,
@@ -75,7 +75,7 @@ class NodeService:
 
     def __init__(
         self, node_name: str, names: Names, lvmd: LvmdClient, volumes: VolumeLookup,
-        hooks: PublishHooks | None = None,
+        hooks: Sequence[PublishHooks] = (),
     ):  # fmt: skip
         self.node_name = node_name
         self.names = names
@@ -143,13 +143,15 @@ class NodeService:
                 # never a half-copied volume in a pod (the controller does not hand it out
                 # before the copy is verified either); kubelet retries
                 raise status.Unavailable(f"volume {volume_id} is not ready: {why}")
+            # before anything is mounted (a mount, a grow write to the volume)
+            await run_hooks(self.hooks, "publishing", volume_id, target)
             if access_type == "block":
                 await self._publish_block(volume_id, target, lv.path, request.readonly)
             else:
                 await self._publish_filesystem(
                     volume_id, target, lv.path, fstype, options, request.readonly
                 )
-            await run_hook(self.hooks, "published", volume_id, target, request.volume_context)
+            await run_hooks(self.hooks, "published", volume_id, target, request.volume_context)
         return csi.NodePublishVolumeResponse()
 
     async def _publish_filesystem(
@@ -256,9 +258,9 @@ class NodeService:
         require(target, "target_path")
         check_path(target, "target_path")
         async with self.locks.hold(volume_id):
-            await run_hook(self.hooks, "unpublishing", volume_id, target)
+            await run_hooks(self.hooks, "unpublishing", volume_id, target)
             await self._unpublish(volume_id, target)
-            await run_hook(self.hooks, "unpublished", volume_id, target)
+            await run_hooks(self.hooks, "unpublished", volume_id, target)
         return csi.NodeUnpublishVolumeResponse()
 
     async def _unpublish(self, volume_id: str, target: str) -> None:

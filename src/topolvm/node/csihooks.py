@@ -1,12 +1,12 @@
 """What NodeService needs from the rest of topolvm-node: the LogicalVolumes (by volume id), and
 what else a publish and an unpublish do (the pods' IO limits, node/iolimiter.py; a move's final
-cut once its source closes, node/transfer.py), run so that they never fail the CSI call."""
+cut once its source closes, node/finalcut.py), run so that they never fail the CSI call."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
@@ -26,8 +26,12 @@ class VolumeLookup(Protocol):
 
 
 class PublishHooks(Protocol):
-    """What else a publish and an unpublish do (the pod's IO limits: node/iolimiter.py); a
-    hook logs its own failures and never fails the call."""
+    """What else a publish and an unpublish do (the pod's IO limits: node/iolimiter.py; a
+    move's final cut: node/finalcut.py); a hook logs its own failures and never fails the
+    call."""
+
+    async def publishing(self, volume_id: str, target: str) -> None:
+        """Before the volume is mounted at ``target`` (quick: the publish waits for it)."""
 
     async def published(self, volume_id: str, target: str, context: Mapping[str, str]) -> None:
         """After the volume is published at ``target``."""
@@ -39,31 +43,16 @@ class PublishHooks(Protocol):
         """After the volume is unmounted from ``target``."""
 
 
-class AllHooks:
-    """Several hooks, each called in turn (each logs its own failures)."""
-
-    def __init__(self, *hooks: PublishHooks) -> None:
-        self.hooks = hooks
-
-    async def published(self, volume_id: str, target: str, context: Mapping[str, str]) -> None:
-        for hook in self.hooks:
-            await run_hook(hook, "published", volume_id, target, context)
-
-    async def unpublishing(self, volume_id: str, target: str) -> None:
-        for hook in self.hooks:
-            await run_hook(hook, "unpublishing", volume_id, target)
-
-    async def unpublished(self, volume_id: str, target: str) -> None:
-        for hook in self.hooks:
-            await run_hook(hook, "unpublished", volume_id, target)
+async def run_hooks(hooks: Sequence[PublishHooks], which: str, *args: Any) -> None:
+    """``hook.<which>(*args)`` of each hook in turn, each with its own time limit: a failure or
+    a hang is logged, never the call's, and never keeps the next hook from running."""
+    for hook in hooks:
+        await _run_hook(hook, which, *args)
 
 
-async def run_hook(hooks: PublishHooks | None, which: str, *args: Any) -> None:
-    """``hooks.<which>(*args)``: a failure or a hang is logged, never the call's."""
-    if hooks is None:
-        return
+async def _run_hook(hook: PublishHooks, which: str, *args: Any) -> None:
     try:
-        await asyncio.wait_for(getattr(hooks, which)(*args), HOOK_TIMEOUT)
+        await asyncio.wait_for(getattr(hook, which)(*args), HOOK_TIMEOUT)
     except TimeoutError:
         log.warning("publish hook timed out", extra={"hook": which, "volume_id": args[0],
                                                       "secs": HOOK_TIMEOUT})  # fmt: skip

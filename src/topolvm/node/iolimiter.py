@@ -215,6 +215,9 @@ class IoLimiter:
     async def unpublished(self, volume_id: str, target: str) -> None:
         """Nothing more: the limit was lifted before the unmount."""
 
+    async def publishing(self, volume_id: str, target: str) -> None:
+        """Nothing yet: the pod's cgroup gets the limit once the volume is published."""
+
     # -- one volume -----------------------------------------------------------------------
 
     async def _sync_logged(self, lv: LogicalVolumeObject) -> None:

@@ -42,11 +42,12 @@ def holding(state: vd.OpenStateResponse) -> str:
 
 async def still_open(
     lvmd: LvmdClient, volume: str, device_class: str, patience: float | None = None,
-    every: float | None = None,
+    every: float | None = None, *, unknown_closed: bool = True,
 ) -> str:  # fmt: skip
     """What holds the LV ``volume`` open after waiting up to ``patience`` seconds (default
     :data:`PATIENCE`) for it to close; "" once nothing does, or when lvmd cannot tell (an lvmd
-    without ``OpenState``, logged). Raises :class:`OpenUnknown` for other lvmd errors."""
+    without ``OpenState``, logged; with ``unknown_closed`` False that raises
+    :class:`OpenUnknown` too). Raises :class:`OpenUnknown` for other lvmd errors."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + (PATIENCE if patience is None else patience)
     every = EVERY if every is None else every
@@ -54,7 +55,7 @@ async def still_open(
         try:
             state = await lvmd.open_state(volume, device_class)
         except LvmdCallError as e:
-            if e.code is Status.UNIMPLEMENTED:
+            if e.code is Status.UNIMPLEMENTED and unknown_closed:
                 ctx = {"lv": volume, "error": str(e)}
                 log.warning("lvmd cannot tell whether a volume is open: the final cut is made "
                             "without that check", extra=ctx)  # fmt: skip

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection
-from dataclasses import dataclass, field
+from collections.abc import Collection, Coroutine
+from typing import Any
 
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Node
@@ -32,17 +32,14 @@ from topolvm.k8s import api
 from topolvm.k8s import errors as kube
 from topolvm.k8s.lvobject import InvalidQuantity, LogicalVolumeObject
 from topolvm.k8s.runtime import Informer
-from topolvm.node.lvmd_client import LvmdCallError
+from topolvm.node.finalcut import MOVE_COW_SHARE, FinalCuts
 from topolvm.node.orphans import copy_running
-from topolvm.node.sourceopen import OpenUnknown, still_open
 from topolvm.node.volumes import (
     CutOverflowed,
     Cuts,
     LvmdVolumes,
     NoRoomForCut,
-    cut_name,
     job_of_round,
-    round_two,
 )
 from topolvm.transfer import messages
 from topolvm.transfer.auth import TokenReviewer, audience
@@ -53,31 +50,6 @@ from topolvm.transfer.server import TransferServer
 
 log = logging.getLogger(__name__)
 DROP_ATTEMPTS, DROP_RETRY_FIRST, DROP_RETRY_MAX = 8, 1.0, 30.0  # a cut lvmd cannot remove yet
-# the least copy-on-write area of a move's thick cut, as a share of its origin, when the node
-# has no room for one as large as the origin: the first cut lives while the pod writes (1/8),
-# the second while it is stopped (1/32)
-MOVE_COW_SHARE = (8, 32)
-
-
-@dataclass
-class FinalCuts:
-    """What this process knows of the final cuts of moves whose source is here."""
-
-    locks: dict[str, asyncio.Lock] = field(default_factory=dict)  # target UID -> its cut's
-    early: dict[str, tuple[str, str]] = field(default_factory=dict)  # UID -> (volume id, class)
-    taken: set[str] = field(default_factory=set)  # target UIDs whose final cut a receiver reads
-    publishes: dict[str, int] = field(default_factory=dict)  # volume id -> publishes seen
-
-    def lock(self, uid: str) -> asyncio.Lock:
-        """One final cut of a target at a time: the early one and its receiver's, which then
-        finds it made."""
-        return self.locks.setdefault(uid, asyncio.Lock())
-
-    def forget(self, uid: str) -> bool:
-        """The target's copy ended; True if its final cut was made early."""
-        self.taken.discard(uid)
-        self.locks.pop(uid, None)
-        return self.early.pop(uid, None) is not None
 
 
 class TransferService:
@@ -89,9 +61,8 @@ class TransferService:
         self.names = names
         self.node = node
         self.cuts = cuts
-        self.volumes = volumes
         self.resource = api.logicalvolume_resource(names)
-        self.finals = FinalCuts()
+        self.final = FinalCuts(cuts, volumes, node, self._spawn)
         # tokens made for this node's port alone: one shown elsewhere is refused here
         self.reviewer = TokenReviewer(client, accounts, audience(node), metrics)
         self.server = TransferServer(node, self.authorise, volumes, limits, metrics)
@@ -115,6 +86,12 @@ class TransferService:
             lambda: api.patch_merge(self.client, Node, self.node, patch), what
         )
         log.info("transfer port serving", extra={"endpoint": endpoint, "node": self.node})
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """``work`` in the background, cancelled at :meth:`stop`."""
+        task = asyncio.create_task(work)
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
 
     async def stop(self) -> None:
         await self.server.stop()
@@ -197,98 +174,7 @@ class TransferService:
             if keep:
                 await self.cuts.check(target.uid, dc)  # a job resumed after its reads failed
             return first, ""
-        async with self.finals.lock(target.uid):
-            cuts = await self._second(target, source, dc)
-            self.finals.taken.add(target.uid)  # read from now on: a publish does not drop it
-            return cuts
-
-    async def _second(
-        self, target: LogicalVolumeObject, source: LogicalVolumeObject, dc: str
-    ) -> tuple[str, str]:
-        size = source.current_size or source.size
-        listed = await self.cuts.listed(dc, strict=True)
-        if target.uid not in listed:
-            raise Refused(
-                "unknown-job", f"the first cut of {source.name} that {target.name} was filled "
-                "from is gone: the move's final copy cannot be a delta"
-            )  # fmt: skip
-        job = round_two(target.uid)
-        if job in listed and target.uid in self.finals.early:
-            # made here once the source closed, both cuts checked then; nothing wrote the
-            # source since (a publish drops it), so neither can have overflowed
-            return self.cuts.known(job, dc), cut_name(target.uid)
-        await self.cuts.check(target.uid, dc)  # the delta's base, kept while the pod ran
-        if job not in listed:  # (one listed from before a restart was cut once it was closed)
-            await self._closed(source, dc)
-        second = await self.cuts.ensure(job, source.volume_id, dc, size // MOVE_COW_SHARE[1])
-        await self.cuts.check(job, dc)
-        return second, cut_name(target.uid)
-
-    def final_early_soon(self, target: LogicalVolumeObject, source: LogicalVolumeObject) -> None:
-        """:meth:`final_early` in the background (the unpublish that told it returns now)."""
-        task = asyncio.create_task(self.final_early(target, source))
-        self._cleanups.add(task)
-        task.add_done_callback(self._cleanups.discard)
-
-    async def final_early(self, target: LogicalVolumeObject, source: LogicalVolumeObject) -> None:
-        """``source``, a move's volume on this node whose pre-copy into ``target`` is done,
-        was just unmounted: its final cut, and the delta against the first, are made now,
-        while the move notices its pod's stop and the target's node asks (docs/mobility.md,
-        "Moving a claim"). A publish of ``source`` before the final copy reads the cut drops it
-        (:meth:`source_published`). Failures are logged: the final copy makes the cut then."""
-        dc, uid = source.device_class, target.uid
-        published = self.finals.publishes.get(source.volume_id, 0)
-        ctx = {"lv": source.name, "target": target.name}
-        try:
-            async with self.finals.lock(uid):
-                if uid in self.finals.taken or uid in self.finals.early:
-                    return
-                second, base = await self._second(target, source, dc)
-                if self.finals.publishes.get(source.volume_id, 0) != published:
-                    await self._drop_early(uid, dc, "published while it was cut")
-                    return
-                self.finals.early[uid] = (source.volume_id, dc)
-                info = await self.volumes.describe(second, dc, with_uuid=True)
-                await self.volumes.changed(second, base, dc, thin=info.thin, keep=True)
-        except (TransferError, LvmdCallError) as e:
-            log.info("a move's final cut waits for its copy", extra={**ctx, "error": str(e)})
-            return
-        log.info("a move's final cut made once its source closed", extra=ctx)
-
-    async def source_published(self, volume_id: str) -> None:
-        """``volume_id`` was published here: a final cut made early for it, not read yet, no
-        longer holds its last write, and goes (the final copy cuts it again once it closes)."""
-        self.finals.publishes[volume_id] = self.finals.publishes.get(volume_id, 0) + 1
-        for uid, (volume, dc) in list(self.finals.early.items()):
-            if volume == volume_id:
-                async with self.finals.lock(uid):
-                    if uid not in self.finals.taken and uid in self.finals.early:
-                        await self._drop_early(uid, dc, "its source was published again")
-
-    async def _drop_early(self, uid: str, dc: str, why: str) -> None:
-        self.finals.early.pop(uid, None)
-        self.volumes.forget(cut_name(round_two(uid)))
-        try:
-            await self.cuts.remove(round_two(uid), dc)
-            log.info("a move's early final cut dropped", extra={"target_uid": uid, "why": why})
-        except TransferError as e:
-            log.warning("a move's early final cut cannot be dropped", extra={
-                "target_uid": uid, "why": why, "error": str(e)})  # fmt: skip
-
-    async def _closed(self, source: LogicalVolumeObject, dc: str) -> None:
-        """The second cut waits until nothing holds the source open: a pod whose object was
-        force-deleted may still write (docs/mobility.md)."""
-        try:
-            held = await still_open(self.cuts.lvmd, source.volume_id, dc)
-        except OpenUnknown as e:
-            raise Refused("unavailable", str(e)) from e
-        if held:
-            log.warning("final cut waits: the source is still open",
-                        extra={"lv": source.name, "holding": held})  # fmt: skip
-            raise Refused(
-                "unavailable", f"the volume {source.name} is still open on node {self.node} "
-                f"({held}): the final cut waits until its workload stops"
-            )  # fmt: skip
+        return await self.final.for_copy(target, source)
 
     # -- cuts -----------------------------------------------------------------------------
 
@@ -312,12 +198,9 @@ class TransferService:
             if event != "DELETED" and copy_running(target):
                 return
             jobs = self.cuts.end(target.uid)  # no cut is made for it any more
-            if self.finals.forget(target.uid):
-                self.volumes.forget(cut_name(round_two(target.uid)))
+            self.final.forget(target.uid)
             if jobs or not self.cuts.learnt(target.device_class):
-                task = asyncio.create_task(self._drop_cuts(target))
-                self._cleanups.add(task)
-                task.add_done_callback(self._cleanups.discard)
+                self._spawn(self._drop_cuts(target))
 
         informer.add_handler(on_event)
 
