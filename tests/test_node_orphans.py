@@ -210,6 +210,7 @@ def _watching(lvmd: CutLvmd) -> tuple[TransferService, Callable[[str, dict[str, 
     service = TransferService.__new__(TransferService)
     service.cuts = Cuts(lvmd)  # type: ignore[arg-type]
     service._cleanups = set()
+    service.server = SimpleNamespace(sending=0)  # type: ignore[assignment]
     service.final = FinalCuts(service.cuts, LvmdVolumes(lvmd), "n", asyncio.ensure_future)  # type: ignore[arg-type]
     handlers: list[Callable[[str, dict[str, Any]], None]] = []
     service.watch(SimpleNamespace(add_handler=handlers.append))  # type: ignore[arg-type]
@@ -383,3 +384,28 @@ async def test_orphans_are_listed_on_the_node_and_never_removed_ended_cuts_are(
 
     await eventually("the annotation removed", cleared, timeout=60, interval=0.5)
     assert _sample(acc, "count", "ssd") == 0
+
+
+async def test_an_ended_jobs_cuts_wait_while_the_node_sends_or_cuts_a_final_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """lvmd runs one command at a time: the removal waits for the other claims' final copies
+    this node serves (a removal held one up by 0.5 s), then goes."""
+    from topolvm.node import transfer
+
+    monkeypatch.setattr(transfer, "QUIET_POLL", 0.01)
+    lvmd = CutLvmd(set())
+    service, on_event = _watching(lvmd)
+    await service.cuts.ensure(B, "vol", "ssd", 8 << 20)
+    server = SimpleNamespace(sending=1)  # another claim's final copy streams
+    service.server = server  # type: ignore[assignment]
+    on_event("MODIFIED", _target(2, 2))  # this one's final copy is done
+    await asyncio.sleep(0.1)
+    assert lvmd.made == {f"cut.{B}"}
+    server.sending = 0
+    service.final.working = 1  # and another's final cut is being made
+    await asyncio.sleep(0.1)
+    assert lvmd.made == {f"cut.{B}"}
+    service.final.working = 0
+    await _settled(service)
+    assert lvmd.made == set()

@@ -63,6 +63,7 @@ class Cuts:
         self.checked: list[str] = []  # the cuts checked for an overflow
         self.hold: asyncio.Event | None = None  # lvmd makes the cut once it is set
         self.remove_fails = False
+        self.list_hold: asyncio.Event | None = None  # lvmd lists the cuts once it is set
 
     async def ensure(self, job: str, source: str, dc: str, min_cow: int = 0) -> str:
         if self.hold is not None:
@@ -80,6 +81,8 @@ class Cuts:
         self.checked.append(job)
 
     async def listed(self, dc: str, strict: bool = False) -> list[str]:
+        if self.list_hold is not None:
+            await self.list_hold.wait()
         return list(self.existing)
 
     async def remove(self, job: str, dc: str) -> bool:
@@ -131,7 +134,7 @@ def quick(monkeypatch: pytest.MonkeyPatch) -> None:
 
 async def test_the_final_copy_finds_its_cut_and_delta_made_when_the_source_closed() -> None:
     final = Final()
-    await final.make_early(_target(), SOURCE)
+    await final.make_early(_target(), SOURCE, 0)
     assert final.fake.made == [R2]
     assert (final.lvmd.asked_open, final.lvmd.deltas) == (1, 1)
     assert final.fake.checked == ["uid-t", R2]  # after the source closed
@@ -147,7 +150,7 @@ async def test_the_final_copy_finds_its_cut_and_delta_made_when_the_source_close
 
 async def test_a_source_published_again_before_the_final_copy_loses_its_early_cut() -> None:
     final = Final()
-    await final.make_early(_target(), SOURCE)
+    await final.make_early(_target(), SOURCE, 0)
     final.publishing("id-other")  # another volume: nothing happens
     await final.settle()
     assert final.fake.removed == []
@@ -166,7 +169,7 @@ async def test_a_source_published_again_before_the_final_copy_loses_its_early_cu
 
 async def test_an_early_cut_the_final_copy_reads_stays_when_the_source_is_published() -> None:
     final = Final()
-    await final.make_early(_target(), SOURCE)
+    await final.make_early(_target(), SOURCE, 0)
     await final.for_copy(FINAL, SOURCE)
     final.publishing("id-src")
     await final.settle()
@@ -178,7 +181,7 @@ async def test_an_early_cut_the_final_copy_reads_stays_when_the_source_is_publis
 async def test_a_publish_while_the_early_cut_is_made_drops_it_without_waiting() -> None:
     final = Final()
     final.fake.hold = asyncio.Event()
-    early = asyncio.create_task(final.make_early(_target(), SOURCE))
+    early = asyncio.create_task(final.make_early(_target(), SOURCE, 0))
     await asyncio.sleep(0.01)  # it asked lvmd for the cut, holding the target's lock
     final.publishing("id-src")  # does not wait for that lock
     final.fake.hold.set()
@@ -186,6 +189,27 @@ async def test_a_publish_while_the_early_cut_is_made_drops_it_without_waiting() 
     await final.settle()
     assert final.fake.made == [R2] and final.fake.removed == [R2]
     assert "uid-t" not in final.early
+
+
+async def test_a_drop_queued_behind_a_final_copy_spares_the_cut_that_copy_reads() -> None:
+    final = Final()
+    await final.make_early(_target(), SOURCE, 0)
+    final.fake.list_hold = asyncio.Event()
+    copying = asyncio.create_task(final.for_copy(FINAL, SOURCE))
+    await asyncio.sleep(0.01)  # the final copy holds the target's lock, asking lvmd
+    final.publishing("id-src")  # the early cut is not trusted; its drop waits for the lock
+    final.fake.list_hold.set()
+    assert await copying == (SECOND, FIRST)  # cut again, once the source is closed
+    await final.settle()
+    assert final.fake.removed == [R2] and final.fake.made == [R2, R2]
+    assert R2 in final.fake.existing  # the queued drop spared the cut the final copy reads
+
+
+async def test_a_publish_after_the_unmount_drops_a_cut_made_later() -> None:
+    final = Final()
+    final.publishing("id-src")  # a publish between the unmount and the early cut's start
+    await final.make_early(_target(), SOURCE, 0)
+    assert final.fake.removed == [R2] and "uid-t" not in final.early
 
 
 async def test_a_second_cut_this_process_did_not_make_is_made_again_once_closed() -> None:
@@ -201,7 +225,7 @@ async def test_a_second_cut_this_process_did_not_make_is_made_again_once_closed(
     assert final.fake.made == [R2]
     # an early cut whose drop failed is not trusted either
     other = Final()
-    await other.make_early(_target(), SOURCE)
+    await other.make_early(_target(), SOURCE, 0)
     other.fake.remove_fails = True
     other.publishing("id-src")
     await other.settle()
@@ -213,12 +237,12 @@ async def test_a_second_cut_this_process_did_not_make_is_made_again_once_closed(
 
 async def test_no_early_cut_while_the_source_is_open_or_lvmd_cannot_tell() -> None:
     final = Final(Lvmd(MOUNTED))  # a second pod on this node still mounts it
-    await final.make_early(_target(), SOURCE)  # logged; the final copy cuts it later
+    await final.make_early(_target(), SOURCE, 0)  # logged; the final copy cuts it later
     assert final.fake.made == [] and final.lvmd.deltas == 0
     final.lvmd.state = CLOSED
     assert await final.for_copy(FINAL, SOURCE) == (SECOND, FIRST)
     older = Final(Lvmd(None))  # an lvmd without OpenState
-    await older.make_early(_target(), SOURCE)
+    await older.make_early(_target(), SOURCE, 0)
     assert older.fake.made == []
     assert await older.for_copy(FINAL, SOURCE) == (SECOND, FIRST)  # as before: cut, warned
 

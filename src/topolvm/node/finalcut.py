@@ -53,6 +53,7 @@ class FinalCuts:
         self.early: dict[str, tuple[str, str]] = {}  # target UID -> (source volume id, class)
         self.taken: set[str] = set()  # target UIDs whose final cut a receiver reads
         self.publishes = 0  # publishes seen on this node
+        self.working = 0  # final cuts being made or handed out now
 
     def _lock(self, uid: str) -> asyncio.Lock:
         return self._locks.setdefault(uid, asyncio.Lock())
@@ -70,10 +71,14 @@ class FinalCuts:
         self, target: LogicalVolumeObject, source: LogicalVolumeObject
     ) -> tuple[str, str]:
         """The cut the final copy into ``target`` reads, and its delta's base (the first)."""
-        async with self._lock(target.uid):
-            cuts = await self._second(target, source, early=False)
-            self.taken.add(target.uid)  # read from now on: a publish no longer drops it
-            return cuts
+        self.working += 1
+        try:
+            async with self._lock(target.uid):
+                cuts = await self._second(target, source, early=False)
+                self.taken.add(target.uid)  # read from now on: a publish no longer drops it
+                return cuts
+        finally:
+            self.working -= 1
 
     async def _second(
         self, target: LogicalVolumeObject, source: LogicalVolumeObject, *, early: bool
@@ -122,13 +127,16 @@ class FinalCuts:
 
     # -- early -----------------------------------------------------------------------------
 
-    async def make_early(self, target: LogicalVolumeObject, source: LogicalVolumeObject) -> None:
-        """``source``, whose pre-copy into ``target`` is done, was just unmounted: its final
-        cut and the delta against the first are made now. Failures are logged: the final copy
-        makes the cut then."""
+    async def make_early(
+        self, target: LogicalVolumeObject, source: LogicalVolumeObject, publishes: int
+    ) -> None:
+        """``source``, whose pre-copy into ``target`` is done, was just unmounted (when this
+        node had seen ``publishes`` publishes): its final cut and the delta against the first
+        are made now, unless a publish came since. Failures are logged: the final copy makes
+        the cut then."""
         dc, uid = source.device_class, target.uid
-        publishes = self.publishes
         ctx = {"lv": source.name, "target": target.name}
+        self.working += 1
         try:
             async with self._lock(uid):
                 if uid in self.taken or uid in self.early:
@@ -143,6 +151,8 @@ class FinalCuts:
         except (TransferError, LvmdCallError) as e:
             log.info("a move's final cut waits for its copy", extra={**ctx, "error": str(e)})
             return
+        finally:
+            self.working -= 1
         log.info("a move's final cut made once its source closed", extra=ctx)
 
     def publishing(self, volume_id: str) -> None:
@@ -198,6 +208,7 @@ class FinalCutHooks:
             return
         if source is None or source.node_name != self.node:
             return
+        publishes = self.final.publishes  # counted from the unmount: a publish after it drops
         for lv in self.store.all():
             if lv.copy_source == source.name and final_pending(lv):
-                self.final.spawn(self.final.make_early(lv, source))
+                self.final.spawn(self.final.make_early(lv, source, publishes))

@@ -50,6 +50,7 @@ from topolvm.transfer.server import TransferServer
 
 log = logging.getLogger(__name__)
 DROP_ATTEMPTS, DROP_RETRY_FIRST, DROP_RETRY_MAX = 8, 1.0, 30.0  # a cut lvmd cannot remove yet
+QUIET_MOST, QUIET_POLL = 60.0, 0.2  # an ended job's cuts wait for the node's copies this long
 
 
 class TransferService:
@@ -204,6 +205,15 @@ class TransferService:
 
         informer.add_handler(on_event)
 
+    async def _quiet(self) -> None:
+        """Until this node sends nothing and makes no final cut (for :data:`QUIET_MOST` s at
+        most): lvmd runs one command at a time, and a cut's removal there held up the final
+        copy of a claim moved with the one whose copy ended (0.5 s in the test bed)."""
+        for _ in range(int(QUIET_MOST / QUIET_POLL)):
+            if not (self.server.sending or self.final.working):
+                return
+            await asyncio.sleep(QUIET_POLL)
+
     async def _drop_cuts(self, target: LogicalVolumeObject) -> None:
         """Remove the cuts of ``target``'s ended job that this node holds (learning first, once
         per device class, those made before it started), trying again while lvmd cannot."""
@@ -214,6 +224,7 @@ class TransferService:
                 ctx = {"device_class": target.device_class, "error": str(e)}
                 log.warning("cannot list this node's cuts; the sweep removes them later", extra=ctx)
         jobs = self.cuts.end(target.uid)
+        await self._quiet()
         delay = DROP_RETRY_FIRST
         for attempt in range(1, DROP_ATTEMPTS + 1):
             failed = []

@@ -149,6 +149,11 @@ class TransferServer:
     async def _run(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
+    @property
+    def sending(self) -> int:
+        """The streams this node sends now."""
+        return len(self._streams)
+
     async def _arrived(self, conn: Conn, hello: messages.Hello, address: str) -> None:
         """A connection past its HELLO (:class:`~.door.Door`): answered, then closed."""
         try:
