@@ -43,6 +43,7 @@ from topolvm.node.verifyread import (
     VERIFY_COW_SHARE,
     Stopped,
     content_digest,
+    in_background,
     uid_of_verify_cut,
     verify_cut_name,
 )
@@ -206,6 +207,7 @@ class VerifyJobs:
         stop = threading.Event()
 
         def work() -> bytes:
+            in_background()
             return content_digest(info.path, size, mapped, stop, self.bandwidth)
 
         future = asyncio.get_running_loop().run_in_executor(self._pool, work)

@@ -10,6 +10,8 @@ RecordSource`: ``O_DIRECT`` into page-aligned buffers, the page cache dropped be
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 
 from topolvm.transfer import pipeline, plan, wire
@@ -30,6 +32,20 @@ def verify_cut_name(lv_uid: str) -> str:
 
 def uid_of_verify_cut(lv_name: str) -> str | None:
     return lv_name[len(VERIFY_PREFIX) :] if lv_name.startswith(VERIFY_PREFIX) else None
+
+
+log = logging.getLogger(__name__)
+NICE = 19  # a digest read's CPU priority: the least (a moved pod starts on the node meanwhile)
+
+
+def in_background() -> None:
+    """The calling thread (a digest's reader) yields the CPU to everything else: a move's
+    target node reads its verification cut while the moved pod starts, and hashing half a GiB
+    took the pod's start a second longer in the test bed's one-CPU guests."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+    except OSError as e:  # the read goes on, at the normal priority
+        log.warning("a verification read keeps its CPU priority", extra={"error": str(e)})
 
 
 class Stopped(Exception):
