@@ -13,6 +13,7 @@ from topolvm.lvm.errors import ReportError
 from topolvm.lvm.report import (
     LvRecord,
     Report,
+    lv_uuid_of_dm,
     parse_report,
     with_lv,
     with_vg_free,
@@ -346,3 +347,14 @@ def test_a_thin_volumes_device_id_comes_from_its_segment(doc: dict[str, Any]) ->
     section["seg"][0]["thin_id"] = "x"
     with pytest.raises(ReportError):
         parse_report(doc)
+
+
+def test_an_lvs_uuid_is_read_from_its_device_mapper_uuid() -> None:
+    """lvmd describes an LV it just made without a report: the LV's uuid is the second half of
+    its device's dm uuid, in LVM's dashed form; a layer's device, or another target's, has none."""
+    vg, lv = "Ab3dEf" + "g" * 26, "UYpabtcsANWW3E3c64JyluNnoc31Hof7"
+    assert lv_uuid_of_dm(f"LVM-{vg}{lv}\n") == "UYpabt-csAN-WW3E-3c64-Jylu-Nnoc-31Hof7"
+    assert lv_uuid_of_dm(f"LVM-{vg}{lv}-real") is None  # a COW origin's layer
+    assert lv_uuid_of_dm(f"LVM-{vg}{lv}-cow") is None
+    assert lv_uuid_of_dm(f"CRYPT-LUKS2-{lv}") is None
+    assert lv_uuid_of_dm("") is None

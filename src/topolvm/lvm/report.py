@@ -197,6 +197,21 @@ def parse_report(doc: Mapping[str, Any]) -> Report:
         for k, v in lvs.items()})  # fmt: skip
 
 
+def lv_uuid_of_dm(dm_uuid: str) -> str | None:
+    """The ``lv_uuid`` (LVM's dashed form) of an LV's top device-mapper device, from its dm
+    uuid (``LVM-`` + the VG's 32 characters + the LV's 32; a layer's ends in ``-<layer>``);
+    None for anything else."""
+    body = dm_uuid.strip()
+    if not body.startswith("LVM-") or len(body) != 4 + 64 or not body[4:].isalnum():
+        return None
+    lv = body[36:]
+    parts, at = [], 0
+    for width in (6, 4, 4, 4, 4, 4, 6):
+        parts.append(lv[at : at + width])
+        at += width
+    return "-".join(parts)
+
+
 def has_cow_snapshot(report: Report, lv: LvRecord) -> bool:
     """Whether a thick (COW) snapshot of ``lv`` exists: LVM then refuses to resize it, and
     would remove the snapshot with it."""

@@ -54,6 +54,14 @@ def block_device(path: str) -> tuple[int, int, int] | None:
     return major, minor, sectors * 512
 
 
+def dm_uuid(major: int, minor: int) -> str:
+    """A device-mapper device's uuid, from sysfs ("" when it has none or cannot be read)."""
+    try:
+        return Path(f"/sys/dev/block/{major}:{minor}/dm/uuid").read_text()
+    except OSError:
+        return ""
+
+
 def resolve(config: LvmdConfig, name: str) -> DeviceClass:
     dc = config.device_class(name)
     if dc is None:
