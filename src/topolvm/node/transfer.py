@@ -224,6 +224,8 @@ class TransferService:
                 ctx = {"device_class": target.device_class, "error": str(e)}
                 log.warning("cannot list this node's cuts; the sweep removes them later", extra=ctx)
         jobs = self.cuts.end(target.uid)
+        if not jobs:
+            return
         await self._quiet()
         delay = DROP_RETRY_FIRST
         for attempt in range(1, DROP_ATTEMPTS + 1):
