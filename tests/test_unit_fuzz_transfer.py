@@ -183,6 +183,35 @@ def test_a_resume_request_goes_on_only_from_a_point_the_sender_can_vouch_for(
 
 
 @fuzz
+@given(
+    st.integers(0, 2**62), st.binary(min_size=32, max_size=32), st.integers(0, 64 * SEG),
+    st.integers(1, 16), st.integers(0, 15), st.integers(1, 4),
+    st.one_of(st.none(), st.integers(0, 64 * SEG)),
+)  # fmt: skip
+def test_a_part_resumes_only_inside_its_own_range(
+    offset: int, digest: bytes, size: int, count: int, index: int, unit_mib: int,
+    sent_until: int | None,
+) -> None:  # fmt: skip
+    """A stream of a copy in several goes on from a checkpoint of its own part only: a point
+    outside it, or between segment boundaries (but its end), starts the part over."""
+    index %= count
+    span = plan.part(size, index, count, unit_mib * SEG)
+    begin, end = span
+    resume = messages.Resume(offset=offset, digest=digest.hex(), source_id="src")
+    memory = None
+    if sent_until is not None:
+        memory = sender_memory.JobMemory("src", sent_until=sent_until)
+        memory.passed(offset, bytes(32))
+    start, state, note = sender_memory.checked(resume, size, memory, span)
+    if start != begin:
+        assert start == offset and begin < start <= end and state == digest
+        assert start % SEG == 0 or start == end
+        assert memory is None or (start <= memory.sent_until and digest == bytes(32))
+    else:
+        assert state is None and (note or offset == begin)
+
+
+@fuzz
 @given(json_values | st.fixed_dictionaries({}, optional={
     "status": st.fixed_dictionaries({}, optional={
         "authenticated": st.booleans() | json_values,

@@ -64,7 +64,26 @@ def _copy_status() -> dict[str, Any]:
                 "properties": {"offset": _int64("Byte offset."),
                                "digest": _string("Hex digest chain value.")},
             },
-            "digest": _string("Whole-volume digest (BLAKE2b chain over XXH3-128 segments)."),
+            "streams": {
+                "type": "object",
+                "description": "A copy in several streams: their count, the unit their parts "
+                "end on, and each part's last durable point (checkpoint applies to a copy in one "
+                "stream).",
+                "properties": {
+                    "count": {"type": "integer", "format": "int32"},
+                    "unit": _int64("Parts end on multiples of this many bytes."),
+                    "checkpoints": {
+                        "type": "array",
+                        "items": {"type": "object", "properties": {
+                            "index": {"type": "integer", "format": "int32"},
+                            "offset": _int64("Byte offset."),
+                            "digest": _string("Hex digest chain value of the part there."),
+                            "sourceID": _string("LVM uuid of the source volume read.")}},
+                    },
+                },
+            },
+            "digest": _string("Whole-volume digest (BLAKE2b chain over XXH3-128 segments; "
+                              "of the parts' chains for a copy in several streams)."),
             "startTime": {"type": "string", "format": "date-time"},
             "completionTime": {"type": "string", "format": "date-time"},
             "round": {"type": "integer", "format": "int32",

@@ -53,6 +53,11 @@ class CopyStatus:
     wire_bytes: int = 0  # DATA payload on the wire over every attempt (compressed: fewer)
     sender_cpu_ms_per_gib: int = 0  # the last attempt's CPU per GiB of data, on each side
     receiver_cpu_ms_per_gib: int = 0
+    # a copy in several streams: how many, the unit their parts end on, and each part's last
+    # checkpoint as (index, offset, digest, the source's LVM uuid)
+    part_count: int = 0
+    part_unit: int = 0
+    part_checkpoints: tuple[tuple[int, int, str, str], ...] = ()
 
     _KEYS = (("phase", "phase"), ("message", "message"), ("source_node", "sourceNode"),
              ("source_id", "sourceID"), ("total_bytes", "totalBytes"),
@@ -79,6 +84,16 @@ class CopyStatus:
         if isinstance(checkpoint, dict):
             values["checkpoint_offset"] = int_or_zero(checkpoint.get("offset"))
             values["checkpoint_digest"] = str(checkpoint.get("digest") or "")
+        streams = raw.get("streams")
+        if isinstance(streams, dict):
+            values["part_count"] = int_or_zero(streams.get("count"))
+            values["part_unit"] = int_or_zero(streams.get("unit"))
+            points = streams.get("checkpoints")
+            values["part_checkpoints"] = tuple(
+                (int_or_zero(p.get("index")), int_or_zero(p.get("offset")),
+                 str(p.get("digest") or ""), str(p.get("sourceID") or ""))
+                for p in (points if isinstance(points, list) else []) if isinstance(p, dict)
+            )  # fmt: skip
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
@@ -90,6 +105,11 @@ class CopyStatus:
         if self.checkpoint_digest:
             out["checkpoint"] = {"offset": self.checkpoint_offset,
                                  "digest": self.checkpoint_digest}  # fmt: skip
+        if self.part_count:
+            points = [{"index": i, "offset": o, "digest": d, "sourceID": source}
+                      for i, o, d, source in self.part_checkpoints]  # fmt: skip
+            out["streams"] = {"count": self.part_count, "unit": self.part_unit,
+                              "checkpoints": points}  # fmt: skip
         return out
 
 

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("topolvm.node")
 IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+AUTO_STREAMS = 4  # --transfer-streams 0: one stream per CPU, at most this many
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -198,6 +199,14 @@ def add_transfer_flags(p: argparse.ArgumentParser) -> None:
         "gains, data that does not compress is soon sent as it is); none (default)",
     )
     g.add_argument(
+        "--transfer-streams",
+        type=int,
+        default=0,
+        metavar="N",
+        help="connections one copy this node receives may use, each for a part of a volume of "
+        "64 MiB or more per part (1 to 16); 0: one per CPU of this node, at most 4 (default)",
+    )
+    g.add_argument(
         "--transfer-io-timeout",
         type=positive_seconds,
         default=30.0,
@@ -237,6 +246,7 @@ def options_from_args(args: argparse.Namespace) -> NodeOptions:
 
 def transfer_from_args(args: argparse.Namespace) -> TransferOptions:
     from topolvm.node.app import TransferOptions
+    from topolvm.transfer import plan
     from topolvm.transfer.auth import service_account_user
     from topolvm.transfer.jobs import Limits
 
@@ -257,8 +267,13 @@ def transfer_from_args(args: argparse.Namespace) -> TransferOptions:
             f"--transfer-token-expiration must be 600 or more (the API server's least), got "
             f"{args.transfer_token_expiration}"
         )
+    if not 0 <= args.transfer_streams <= plan.MAX_PARTS:
+        raise ConfigError(
+            f"--transfer-streams takes 0 to {plan.MAX_PARTS}, got {args.transfer_streams}"
+        )
+    streams = args.transfer_streams or min(os.cpu_count() or 1, AUTO_STREAMS)
     limits = Limits(args.transfer_max_copies, args.transfer_bandwidth, args.transfer_io_timeout,
-                    compress=args.transfer_compression == "zstd")  # fmt: skip
+                    compress=args.transfer_compression == "zstd", streams=streams)  # fmt: skip
     return TransferOptions(address=args.transfer_bind_address,
                            advertise=args.transfer_advertise_address,
                            legacy_token_file=args.transfer_token_file or "", peers=tuple(peers),

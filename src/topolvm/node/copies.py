@@ -31,7 +31,7 @@ from topolvm.k8s.lvobject import CopyPhase, CopyStatus, LogicalVolumeObject
 from topolvm.k8s.stamps import now
 from topolvm.node.copyreport import CopyReporter, Run, SourceGone, connecting
 from topolvm.node.volumes import Cuts, LvmdVolumes
-from topolvm.transfer import client, messages, pipeline, plan
+from topolvm.transfer import client, messages, pipeline, plan, streams
 from topolvm.transfer.auth import older_sender
 from topolvm.transfer.blockio import Volume
 from topolvm.transfer.errors import (
@@ -182,13 +182,30 @@ class CopyJobs:
         except ValueError:
             return None
 
+    def _parts(
+        self, lv: LogicalVolumeObject, source: LogicalVolumeObject, target: VolumeInfo,
+        prior: CopyStatus, endpoint: client.Endpoint,
+    ) -> streams.Parts | None:  # fmt: skip
+        """The streams a copy is received in (None: one): a large volume's first copy from a
+        sender that serves parts, split as its earlier attempt was (its checkpoints hold)."""
+        unit = plan.part_unit(target.chunk)
+        if (messages.STREAMS not in endpoint.features or lv.copy_round >= 2 or not unit
+                or (prior.checkpoint_digest and not prior.part_count)):  # fmt: skip
+            return None
+        if prior.part_count > 1 and prior.part_unit == unit:
+            return streams.Parts(prior.part_count, unit)
+        size = source.current_size or source.size
+        count = plan.parts_for(size, self.options.limits.streams, unit)
+        return streams.Parts(count, unit) if count > 1 else None
+
     async def _remote(
         self, lv: LogicalVolumeObject, source: LogicalVolumeObject, target: VolumeInfo,
         prior: CopyStatus,
     ) -> None:  # fmt: skip
         endpoint = await self._endpoint(source.node_name)
         token = await self.tokens.token(source.node_name)
-        resume = self._resume(prior)
+        parts = self._parts(lv, source, target, prior, endpoint)
+        resume = self._resume(prior) if parts is None else None
         hello = messages.Hello(
             version=messages.VERSION,
             token=token,
@@ -201,6 +218,7 @@ class CopyJobs:
             ),
             features=tuple(sorted(endpoint.features)),
         )
+        kept = prior.part_checkpoints if parts is not None and prior.part_count else ()
         status = replace(
             prior,
             phase=CopyPhase.COPYING,
@@ -208,6 +226,9 @@ class CopyJobs:
             attempts=prior.attempts + 1,
             start_time=prior.start_time or now(),
             message=connecting(prior, source.node_name),
+            part_count=0 if parts is None else parts.count,
+            part_unit=0 if parts is None else parts.unit,
+            part_checkpoints=kept,
         )
         await self.report.write(lv, status)
         run = Run(lv, status, time.monotonic(), prior.transferred_bytes,
@@ -219,7 +240,20 @@ class CopyJobs:
         def accepted(accept: messages.Accept) -> None:
             self.report.accepted_soon(run, accept, loop)
 
+        # a move's final copy writes over round 1's data: a whole copy (no delta) discards that
+        # first
+        fresh = prior.attempts == 0 and lv.copy_round < 2
+
         def work() -> client.Outcome:
+            if parts is not None:
+                resumes = {i: client.Checkpoint(offset, bytes.fromhex(digest), source_id)
+                           for i, offset, digest, source_id in kept
+                           if source_id and len(digest) == 64}  # fmt: skip
+                return streams.receive_parts(
+                    endpoint, hello, target, parts, resumes,
+                    self.report.part_persister(run, loop), self.report.progress(run), stop,
+                    timeout, accepted, fresh=fresh,
+                )  # fmt: skip
             return client.receive(
                 endpoint,
                 hello,
@@ -229,9 +263,7 @@ class CopyJobs:
                 stop,
                 timeout,
                 accepted,
-                # a move's final copy writes over round 1's data: a whole copy (no delta)
-                # discards that first
-                fresh=prior.attempts == 0 and lv.copy_round < 2,
+                fresh=fresh,
             )
 
         try:

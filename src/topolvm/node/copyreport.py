@@ -20,9 +20,10 @@ from topolvm.k8s import api, events
 from topolvm.k8s import errors as kube
 from topolvm.k8s.lvobject import CopyPhase, CopyStatus, InvalidQuantity, LogicalVolumeObject
 from topolvm.k8s.stamps import now
-from topolvm.transfer import client, messages
+from topolvm.transfer import client, messages, plan
 from topolvm.transfer.errors import CopyImpossible, DigestMismatch, TransferError
 from topolvm.transfer.metrics import TransferMetrics
+from topolvm.transfer.streams import PartPersist
 from topolvm.units import human
 
 log = logging.getLogger(__name__)
@@ -117,24 +118,30 @@ class CopyReporter:
             await asyncio.wait(pending)  # their failures are logged by _log_failure
 
     async def accepted(self, run: Run, accept: messages.Accept) -> None:
-        run.position = accept.offset
+        """The source's ACCEPT (a copy in several streams: its first part's)."""
+        count = run.status.part_count
+        done = accept.offset if not count else resumed(run.status, accept)
+        run.position = done
         run.started = time.monotonic()
+        streams = f" in {count} streams" if count else ""
         run.status = replace(
             run.status,
             total_bytes=accept.size,
-            resumed_from=accept.offset,
+            resumed_from=done,
             source_id=accept.source_id,
-            message=f"copying {accept.source}",
+            message=f"copying {accept.source}{streams}",
         )
         if accept.offset == 0:  # started over: the old checkpoint is void
             run.status = replace(run.status, checkpoint_offset=0, checkpoint_digest="")
         await self.write(run.lv, run.status)
-        start = f"from offset {accept.offset}" if accept.offset else "from the start"
+        start = f"from offset {done}" if done else "from the start"
+        if count and done:
+            start = f"{human(done)} done already"
         note = f" ({accept.note})" if accept.note else ""
         await self.event(
             run.lv,
             "CopyStarted",
-            f"copying {human(accept.size)} from {accept.source}, {start}{note}",
+            f"copying {human(accept.size)} from {accept.source}{streams}, {start}{note}",
         )
 
     def persister(self, run: Run, loop: asyncio.AbstractEventLoop) -> client.Persist:
@@ -151,6 +158,37 @@ class CopyReporter:
 
         return persist
 
+    def part_persister(self, run: Run, loop: asyncio.AbstractEventLoop) -> PartPersist:
+        """A part's checkpoint (a copy in several streams), as :meth:`persister` writes one."""
+
+        def persist(index: int, cp: client.Checkpoint | None) -> None:
+            future = asyncio.run_coroutine_threadsafe(self.part_checkpoint(run, index, cp), loop)
+            try:
+                future.result(timeout=60)
+            except (TimeoutError, kube.KubeError) as e:
+                future.cancel()
+                at = "void" if cp is None else f"at {cp.offset}"
+                raise CheckpointFailed(f"checkpoint of part {index + 1} {at} not written: "
+                                       f"{e}") from e  # fmt: skip
+
+        return persist
+
+    async def part_checkpoint(self, run: Run, index: int, cp: client.Checkpoint | None) -> None:
+        points = [p for p in run.status.part_checkpoints if p[0] != index]
+        if cp is not None:
+            points.append((index, cp.offset, cp.digest.hex(), cp.source_id))
+        elapsed = max(time.monotonic() - run.started, 0.001)
+        run.status = replace(
+            run.status,
+            part_checkpoints=tuple(sorted(points)),
+            done_bytes=run.position,
+            bytes_per_second=max(int((run.position - run.status.resumed_from) / elapsed), 0),
+            transferred_bytes=run.base_transferred + run.data,
+            wire_bytes=run.base_wire + run.wire,
+        )
+        await self.write(run.lv, run.status)
+        await self._progress_event(run, run.position)
+
     async def checkpoint(self, run: Run, cp: client.Checkpoint) -> None:
         elapsed = max(time.monotonic() - run.started, 0.001)
         rate = int((cp.offset - run.status.resumed_from) / elapsed)
@@ -165,15 +203,19 @@ class CopyReporter:
             wire_bytes=run.base_wire + run.wire,
         )
         await self.write(run.lv, run.status)
+        await self._progress_event(run, cp.offset)
+
+    async def _progress_event(self, run: Run, done: int) -> None:
+        """An Event on the waiting claim at each quarter of the volume."""
         total = run.status.total_bytes or 1
-        quarter = cp.offset * 4 // total
+        quarter = done * 4 // total
         if quarter > run.last_event_quarter:
             run.last_event_quarter = quarter
+            rate = run.status.bytes_per_second
             await self.event(
                 run.lv,
                 "CopyProgress",
-                f"{cp.offset * 100 // total}% copied "
-                f"({human(cp.offset)} of {human(total)}, {human(rate)}/s)",
+                f"{done * 100 // total}% copied ({human(done)} of {human(total)}, {human(rate)}/s)",
             )
 
     def progress(self, run: Run) -> client.Progress:
@@ -285,12 +327,25 @@ class CopyReporter:
                 )
 
 
+def resumed(status: CopyStatus, accept: messages.Accept) -> int:
+    """The bytes of a copy in several streams that its parts' checkpoints of this source hold
+    already: where its progress starts."""
+    done = 0
+    for index, offset, _, source_id in status.part_checkpoints:
+        if source_id != accept.source_id or not 0 <= index < status.part_count:
+            continue
+        begin, end = plan.part(accept.size, index, status.part_count, status.part_unit)
+        done += max(0, min(offset, end) - begin)
+    return done
+
+
 def copy_patch(copy: CopyStatus) -> dict[str, Any]:
     """``status.copy`` as a merge patch: every field, the empty ones removed."""
     full = copy.to_dict()
     for _, key in CopyStatus._KEYS:
         full.setdefault(key, None)
     full.setdefault("checkpoint", None)
+    full.setdefault("streams", None)
     return full
 
 

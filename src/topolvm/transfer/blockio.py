@@ -148,15 +148,15 @@ class Volume:
             self.write(memoryview(_ZEROS)[:n], offset)
             offset += n
 
-    def discard(self, length: int) -> None:
-        """Unmap the first ``length`` bytes (``BLKDISCARD``): on a thin volume they read as
-        zeros again. A regular file is zeroed instead. A device that cannot discard (a thin
+    def discard(self, length: int, offset: int = 0) -> None:
+        """Unmap ``length`` bytes from ``offset`` (``BLKDISCARD``): on a thin volume they read
+        as zeros again. A regular file is zeroed instead. A device that cannot discard (a thin
         pool with ``discards=ignore``) raises :class:`CopyImpossible`."""
         if not self.block:
-            self.zero(0, length)
+            self.zero(offset, length)
             return
         try:
-            fcntl.ioctl(self.fd, BLKDISCARD, struct.pack("=QQ", 0, length))
+            fcntl.ioctl(self.fd, BLKDISCARD, struct.pack("=QQ", offset, length))
         except OSError as e:
             raise CopyImpossible(
                 f"{self.path} holds an earlier attempt's data and cannot be cleared "

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from topolvm.transfer import messages, wire
+from topolvm.transfer import messages, plan, wire
 from topolvm.transfer.blockio import Volume, aligned
 from topolvm.transfer.compress import Decompressor
 from topolvm.transfer.conn import Conn, raise_if_refused
@@ -123,10 +123,12 @@ def _fill(
 ) -> Outcome:  # fmt: skip
     if accept.size > target.size:
         raise CopyImpossible(f"the source has {accept.size} bytes, the target only {target.size}")
-    resume = hello.resume
-    if accept.offset and (resume is None or accept.offset != resume.offset):
+    resume, part = hello.resume, hello.part
+    span = None if part is None else plan.part(accept.size, part.index, part.count, part.unit)
+    begin, until = (0, accept.size) if span is None else span
+    if accept.offset != begin and (resume is None or accept.offset != resume.offset):
         raise ProtocolError(f"ACCEPT at {accept.offset}, which was not asked for")
-    state = bytes.fromhex(resume.digest) if resume is not None and accept.offset else None
+    state = bytes.fromhex(resume.digest) if resume is not None and accept.offset != begin else None
 
     def checkpoint(offset: int, digest: bytes) -> None:
         persist(Checkpoint(offset, digest, accept.source_id))
@@ -139,7 +141,8 @@ def _fill(
     volume = Volume(target.path, writable=True)
     try:
         sink = RecordSink(volume, accept.size, target.size, target.chunk, checkpoint,
-                          accept.offset, state, fresh=fresh, delta=accept.delta)  # fmt: skip
+                          accept.offset, state, fresh=fresh, delta=accept.delta,
+                          span=span)  # fmt: skip
         counts = sink.counts
         sink.on_progress = lambda position: progress(position, accept.size, counts.data_bytes,
                                                      counts.wire_bytes)  # fmt: skip
@@ -162,7 +165,7 @@ def _fill(
             elif header.kind is wire.Kind.END:
                 end = messages.decode(header.kind, body, messages.End)
                 digest = sink.end(end, sink.counts)  # synced: the copy is complete
-                conn.send_message(messages.Ack(offset=accept.size, digest=digest.hex()))
+                conn.send_message(messages.Ack(offset=until, digest=digest.hex()))
                 return Outcome(accept, digest, counts.data_bytes, counts.zero_bytes,
                                counts.keep_bytes, counts.wire_bytes, time.thread_time() - began,
                                end.sender_cpu_ms / 1000 if end.sender_cpu_ms else None)  # fmt: skip

@@ -11,6 +11,12 @@ them: each maximal kept run within a segment is hashed as the marker ``"KEEP" ||
 length`` (8 bytes big-endian each) where its bytes would be. The chain then attests the bytes
 sent and which ranges were kept, not the whole volume, and still does not depend on how
 records split the volume (adjacent kept parts of a segment are one run).
+
+A copy in several streams (:func:`~topolvm.transfer.plan.part`) chains each part's segments
+on its own, from ``BLAKE2b-256("topolvm-transfer-v1" || "part" || size || begin || end)``, and
+its digest is ``BLAKE2b-256("topolvm-transfer-v1" || "parts" || size || count || p1 || ...)``
+over the parts' chains in order (:func:`combined`): it depends on the split as well as on the
+bytes. A copy in one stream keeps the single chain above.
 """
 
 from __future__ import annotations
@@ -32,22 +38,48 @@ def initial(size: int) -> bytes:
     return hashlib.blake2b(_DOMAIN + size.to_bytes(8, "big"), digest_size=32).digest()
 
 
+def part_initial(size: int, begin: int, end: int) -> bytes:
+    """The chain's start of the part ``[begin, end)`` of a copy in several streams."""
+    fields = b"".join(n.to_bytes(8, "big") for n in (size, begin, end))
+    return hashlib.blake2b(_DOMAIN + b"part" + fields, digest_size=32).digest()
+
+
+def combined(size: int, parts: list[bytes]) -> bytes:
+    """The digest of a copy in ``len(parts)`` streams: over each part's chain, in order."""
+    if any(len(p) != 32 for p in parts):
+        raise ValueError("a part's digest is 32 bytes")
+    head = _DOMAIN + b"parts" + size.to_bytes(8, "big") + len(parts).to_bytes(8, "big")
+    return hashlib.blake2b(head + b"".join(parts), digest_size=32).digest()
+
+
 def _chain(state: bytes, segment_hash: bytes) -> bytes:
     return hashlib.blake2b(state + segment_hash, digest_size=32).digest()
 
 
 class VolumeDigest:
     """Fed the volume's bytes in order from ``start`` (a segment boundary, with ``state`` the
-    chain's value there; ``None`` means the volume's start)."""
+    chain's value there; ``None`` means the start of the volume, or of the ``span``).
 
-    def __init__(self, size: int, start: int = 0, state: bytes | None = None) -> None:
-        if start % SEGMENT and start != size:
+    ``span``: the part ``(begin, end)`` of a copy in several streams (boundaries at segment
+    boundaries or the volume's end): only its bytes are fed, and the chain is the part's."""
+
+    def __init__(
+        self, size: int, start: int = 0, state: bytes | None = None,
+        span: tuple[int, int] | None = None,
+    ) -> None:  # fmt: skip
+        begin, end = span if span is not None else (0, size)
+        if not 0 <= begin <= end <= size or (begin % SEGMENT and begin != size):
+            raise ValueError(f"part {begin}-{end} does not fit a {size}-byte volume")
+        if start % SEGMENT and start != end:
             raise ValueError(f"a digest resumes at a segment boundary, not {start}")
-        if not 0 <= start <= size:
+        if not begin <= start <= end:
             raise ValueError(f"start {start} is outside the volume (size {size})")
         self.size = size
+        self.end = end
         self.position = start
-        self._state = initial(size) if state is None else state
+        if state is None:
+            state = initial(size) if span is None else part_initial(size, begin, end)
+        self._state = state
         if len(self._state) != 32:
             raise ValueError("a digest state is 32 bytes")
         self._segment = xxhash.xxh3_128()
@@ -58,7 +90,7 @@ class VolumeDigest:
 
     @property
     def at_boundary(self) -> bool:
-        return self.position % SEGMENT == 0 or self.position == self.size
+        return self.position % SEGMENT == 0 or self.position == self.end
 
     @property
     def state(self) -> bytes:
@@ -70,11 +102,11 @@ class VolumeDigest:
     def _check(self, offset: int, length: int) -> None:
         if offset != self.position:
             raise ValueError(f"digest fed at {offset}, expected {self.position}")
-        if length < 0 or offset + length > self.size:
-            raise ValueError(f"{offset}+{length} is past the volume's end ({self.size})")
+        if length < 0 or offset + length > self.end:
+            raise ValueError(f"{offset}+{length} is past the volume's end ({self.end})")
 
     def _segment_end(self) -> int:
-        return min((self.position // SEGMENT + 1) * SEGMENT, self.size)
+        return min((self.position // SEGMENT + 1) * SEGMENT, self.end)
 
     def _step(self, segment_hash: bytes) -> None:
         self._state = _chain(self._state, segment_hash)
@@ -133,6 +165,7 @@ class VolumeDigest:
             self._close_if_full()
 
     def final(self) -> bytes:
-        if self.position != self.size:
-            raise ValueError(f"digest of {self.position} bytes of a {self.size}-byte volume")
+        if self.position != self.end:
+            raise ValueError(f"digest up to {self.position} of a volume or part ending at "
+                             f"{self.end}")  # fmt: skip
         return self._state

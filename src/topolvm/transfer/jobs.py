@@ -64,9 +64,11 @@ class Limits:
     """Per node: ``concurrency`` copies at once in each direction, ``bandwidth`` bytes per
     second per copy (0: no cap, counted on the wire), ``io_timeout`` seconds without a byte
     before a connection is given up; ``compress``: the sender compresses DATA records for a
-    receiver that can read them (:mod:`.compress`)."""
+    receiver that can read them (:mod:`.compress`); ``streams``: the most connections one copy
+    this node receives uses, each for a part of the volume (:mod:`.streams`)."""
 
     concurrency: int = 2
     bandwidth: int = 0
     io_timeout: float = 30.0
     compress: bool = False
+    streams: int = 1

@@ -34,7 +34,9 @@ COMPRESS = "zstd"
 """A receiver's feature: it decodes ZDATA records (:mod:`.compress`)."""
 SENDER_CPU = "sender-cpu"
 """A receiver's feature: its END may say the sender's CPU time (``End.sender_cpu_ms``)."""
-FEATURES = frozenset({COMPRESS, SENDER_CPU})
+STREAMS = "streams"
+"""A receiver's feature: its HELLO may ask for one part of the source (``Hello.part``)."""
+FEATURES = frozenset({COMPRESS, SENDER_CPU, STREAMS})
 
 
 def publish_features(fingerprint: str, features: list[str]) -> str:
@@ -65,13 +67,25 @@ class Resume(_Message, frozen=True):
     source_id: SourceId
 
 
+class Part(_Message, frozen=True):
+    """One of ``count`` streams of a copy: the source's range ``plan.part(size, index, count,
+    unit)`` (:func:`~topolvm.transfer.plan.part`), which both ends compute from the size."""
+
+    index: Annotated[int, msgspec.Meta(ge=0, lt=16)]
+    count: Annotated[int, msgspec.Meta(ge=1, le=16)]
+    unit: Annotated[int, msgspec.Meta(ge=1 << 20, le=1 << 30, multiple_of=1 << 20)]
+
+
 class Hello(_Message, frozen=True, omit_defaults=True):
     """The receiver's first frame: who it is (a ServiceAccount token for the transfer's
     audience) and which job it asks for: the target LogicalVolume, by name and UID.
 
     ``features``: what the receiver understands beyond version 1 (:data:`FEATURES`; a sender
     ignores names it does not know). A receiver sends it only to a sender whose Node publishes
-    that it reads it (an older sender refuses a field it does not know)."""
+    that it reads it (an older sender refuses a field it does not know).
+
+    ``part``: the stream reads only that part of the source (feature :data:`STREAMS`); its
+    ``resume`` is the part's checkpoint, its END digest the part's chain."""
 
     version: int
     token: Token
@@ -79,6 +93,7 @@ class Hello(_Message, frozen=True, omit_defaults=True):
     job_uid: Uid
     resume: Resume | None = None
     features: Features = ()
+    part: Part | None = None
 
 
 class Accept(_Message, frozen=True, omit_defaults=True):

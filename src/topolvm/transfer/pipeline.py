@@ -97,7 +97,8 @@ class RecordSource:
 
     With a ``base`` (a delta copy) every piece read is read from the base too, at the same
     offset: one equal to it becomes a KEEP record, as do the plan's KEEP pieces; KEEP runs are
-    joined like zero runs."""
+    joined like zero runs. ``span``: the part of the volume a stream of a copy in several
+    reads (its pieces must lie within it)."""
 
     volume: Volume
     size: int
@@ -106,9 +107,10 @@ class RecordSource:
     state: bytes | None = None
     counts: Counts = field(default_factory=Counts)
     base: Volume | None = None
+    span: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
-        self.digest = digest.VolumeDigest(self.size, self.start, self.state)
+        self.digest = digest.VolumeDigest(self.size, self.start, self.state, self.span)
         self._view = aligned(wire.SEGMENT)
         self._base_view = aligned(wire.SEGMENT) if self.base is not None else self._view[:0]
 
@@ -180,7 +182,11 @@ class RecordSink:
     start (its source changed, or its checkpoint was refused), is discarded first.
 
     A ``delta`` copy's target holds the base: it is never discarded, every ZERO range is
-    written (as on a thick target), and KEEP ranges are left as they are."""
+    written (as on a thick target), and KEEP ranges are left as they are.
+
+    ``span``: the part ``(begin, end)`` of the volume one stream of a copy in several writes
+    (``start`` within it); what comes before ``begin`` or past ``end`` is refused, and a
+    target cleared to start over is cleared there only."""
 
     volume: Volume
     size: int
@@ -193,14 +199,20 @@ class RecordSink:
     on_progress: Callable[[int], None] = lambda position: None
     fresh: bool = True
     delta: bool = False
+    span: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         self.grid = plan.grid(self.chunk)
-        if self.start % self.grid and self.start != self.size:
+        begin, self.until = self.span if self.span is not None else (0, self.size)
+        if self.start % self.grid and self.start != self.until:
             raise ValueError(f"a copy resumes at a multiple of {self.grid}, not {self.start}")
-        if self.chunk and self.start == 0 and not self.fresh and not self.delta:
-            self.volume.discard(self.target_size)
-        self.digest = digest.VolumeDigest(self.size, self.start, self.state)
+        if self.chunk and self.start == begin and not self.fresh and not self.delta:
+            if self.span is None:
+                self.volume.discard(self.target_size)
+            else:  # this part alone: the others' streams write theirs meanwhile
+                last = self.until == self.size
+                self.volume.discard((self.target_size if last else self.until) - begin, begin)
+        self.digest = digest.VolumeDigest(self.size, self.start, self.state, self.span)
         self.sparse = SparseTarget(0 if self.delta else self.chunk, self.start)
         self._last_offset = self.start
         self._last_time = time.monotonic()
@@ -212,9 +224,9 @@ class RecordSink:
     def _expect(self, kind: wire.Kind, offset: int, length: int) -> None:
         if offset != self.position:
             raise ProtocolError(f"{kind.name} at {offset}, expected {self.position}")
-        if offset + length > self.size:
+        if offset + length > self.until:
             raise ProtocolError(
-                f"{kind.name} {offset}+{length} past the source's end ({self.size})"
+                f"{kind.name} {offset}+{length} past the source's end ({self.until})"
             )
 
     def _apply(self, ops: list[Op], payload: memoryview) -> None:
@@ -267,7 +279,7 @@ class RecordSink:
 
     def _maybe_checkpoint(self) -> None:
         self.on_progress(self.position)
-        if self.position % self.grid or self.position == self.size or not self._due():
+        if self.position % self.grid or self.position == self.until or not self._due():
             return
         self.volume.sync(self.position)
         self.checkpoint(self.position, self.digest.state)
@@ -276,8 +288,8 @@ class RecordSink:
     def end(self, sent: messages.End, since_start: Counts) -> bytes:
         """Check the sender's END against what came since ACCEPT (``since_start``) and the
         digest; make the target durable. Returns the digest."""
-        if self.position != self.size:
-            raise ProtocolError(f"END at {self.position} of {self.size} bytes")
+        if self.position != self.until:
+            raise ProtocolError(f"END at {self.position} of {self.until} bytes")
         got = since_start.end(self.digest.final())
         if _totals(got) != _totals(sent):
             raise ProtocolError(f"END counts {sent} differ from what arrived {got}")

@@ -89,3 +89,36 @@ def merge(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             out.append((offset, length))
     return out
+
+
+MAX_PARTS = 16  # the most streams one copy is split into
+PART_UNIT_MIN, PART_UNIT_MAX = SEGMENT, 1 << 30
+
+
+def part(size: int, index: int, count: int, unit: int) -> tuple[int, int]:
+    """The range ``[begin, end)`` of part ``index`` of ``count`` of a ``size``-byte volume
+    copied in several streams: as even as boundaries at multiples of ``unit`` allow (a part may
+    be empty when the volume is small). Both ends compute it from the source's size."""
+    if not 1 <= count <= MAX_PARTS or not 0 <= index < count:
+        raise ValueError(f"part {index} of {count}: a copy has 1 to {MAX_PARTS} parts")
+    if unit % SEGMENT or not PART_UNIT_MIN <= unit <= PART_UNIT_MAX:
+        raise ValueError(f"a part's unit is a multiple of {SEGMENT} up to {PART_UNIT_MAX}")
+
+    def edge(i: int) -> int:
+        return size if i == count else min(size, size * i // count // unit * unit)
+
+    return edge(index), edge(index + 1)
+
+
+def part_unit(chunk: int) -> int:
+    """The unit of a target with thin chunks of ``chunk`` bytes (0: thick): parts end on the
+    checkpoint grid, so that no chunk is shared by two streams. 0: no unit fits (an odd chunk
+    size), the copy goes in one stream."""
+    unit = math.lcm(grid(chunk), 64 * SEGMENT)
+    return unit if unit <= PART_UNIT_MAX else 0
+
+
+def parts_for(size: int, most: int, unit: int) -> int:
+    """How many streams copy a ``size``-byte volume: at most ``most``, none smaller than
+    ``unit`` (a small volume goes in one)."""
+    return max(1, min(most, MAX_PARTS, size // unit if unit else 1))

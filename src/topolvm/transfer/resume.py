@@ -39,17 +39,23 @@ class JobMemory:
 
 
 def checked(
-    resume: messages.Resume, size: int, memory: JobMemory | None
-) -> tuple[int, bytes | None, str]:
+    resume: messages.Resume, size: int, memory: JobMemory | None,
+    span: tuple[int, int] | None = None,
+) -> tuple[int, bytes | None, str]:  # fmt: skip
+    """Where a stream goes on from: the receiver's checkpoint if it holds, else the start of
+    the volume (or of its ``span``, one part of a copy in several streams) with a note."""
+    begin, end = span if span is not None else (0, size)
     offset, state = resume.offset, bytes.fromhex(resume.digest)
-    if offset == 0:
-        return 0, None, ""  # the start: the chain starts from its own initial value
-    if offset % wire.SEGMENT or offset > size:
-        return 0, None, f"checkpoint {offset} is not a segment boundary of the volume"
+    if offset == begin:
+        return begin, None, ""  # the start: the chain starts from its own initial value
+    # a part's end (a complete part) may fall inside a segment: the volume's end
+    if (offset % wire.SEGMENT and (span is None or offset != end)) or not begin < offset <= end:
+        where = "the volume" if span is None else f"part {begin}-{end}"
+        return begin, None, f"checkpoint {offset} is not a segment boundary of {where}"
     if memory is not None:
         if offset > memory.sent_until:
-            return 0, None, f"checkpoint {offset} is past what was sent ({memory.sent_until})"
+            return begin, None, f"checkpoint {offset} is past what was sent ({memory.sent_until})"
         known = memory.boundaries.get(offset)
         if known is not None and known != state:
-            return 0, None, f"checkpoint {offset} does not match what was sent there"
+            return begin, None, f"checkpoint {offset} does not match what was sent there"
     return offset, state, ""

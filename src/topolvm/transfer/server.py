@@ -24,6 +24,10 @@ authenticated (:class:`~.errors.EarlyRefusal`) are logged once per address and r
 while, like dropped connections; the others each time. At most ``limits.concurrency`` jobs
 stream at once; more are refused as ``busy`` and the receivers come back later. A job
 connecting again (after a cut link) replaces its earlier stream.
+
+A receiver may copy a large volume in several streams (``Hello.part``): each reads its part of
+the source, resumes from its own checkpoint and ends with its part's digest; the streams of
+one job count as one of ``limits.concurrency``.
 """
 
 from __future__ import annotations
@@ -77,12 +81,12 @@ class Reading:
     ranges: list[tuple[int, int]] | None = None
     base: VolumeInfo | None = None
 
-    def pieces(self, start: int) -> Iterator[plan.Piece]:
-        size = self.source.size
+    def pieces(self, start: int, end: int) -> Iterator[plan.Piece]:
+        """From ``start`` up to ``end`` (the volume's size, or the end of a stream's part)."""
         if self.ranges is None:
-            return plan.full(size, start)
+            return plan.full(end, start)
         split = plan.delta if self.base is not None else plan.mapped
-        return split(size, self.ranges, start)
+        return split(end, self.ranges, start)
 
     def kind(self) -> str:
         if not self.source.thin:
@@ -117,7 +121,8 @@ class TransferServer:
         self._door = Door(node, self.port_limits, metrics, self._arrived,
                           lambda: self.limits.io_timeout)  # fmt: skip
         self._authorising: dict[str, int] = {}
-        # a job's stream: its stop flag, its end, its connection
+        # a job's stream (key: the job's UID, and its part's index for a copy in several
+        # streams): its stop flag, its end, its connection
         self._streams: dict[str, tuple[threading.Event, asyncio.Future[Any], Conn]] = {}
         self._memory: OrderedDict[str, JobMemory] = OrderedDict()
 
@@ -200,46 +205,60 @@ class TransferServer:
             "source": job.source,
             "target_node": job.target_node,
         }
-        earlier = self._streams.get(job.uid)
+        part = hello.part
+        key = job.uid if part is None else f"{job.uid}/{part.index}"
+        if part is not None:
+            ctx["part"] = f"{part.index + 1}/{part.count}"
+        earlier = self._streams.get(key)
         if earlier is not None:  # the same job again: its old connection is gone (a cut link)
             earlier[0].set()
             earlier[2].abort()  # a send blocked on a peer that left returns now, not at timeout
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(earlier[1]), self.limits.io_timeout + 5)
-        if len(self._streams) >= self.limits.concurrency or job.uid in self._streams:
-            raise Refused("busy", f"node {self.node} sends {len(self._streams)} copies already")
+        jobs = {k.partition("/")[0] for k in self._streams}
+        if (len(jobs) >= self.limits.concurrency and job.uid not in jobs) or key in self._streams:
+            raise Refused("busy", f"node {self.node} sends {len(jobs)} copies already")
         # the slot is taken before anything else awaits: two HELLOs at once never both pass
         stop = threading.Event()
         slot: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._streams[job.uid] = (stop, slot, conn)
+        self._streams[key] = (stop, slot, conn)
         try:
             await self._send(conn, job, hello, stop, ctx)
         finally:
             stop.set()
             slot.set_result(None)
-            if self._streams.get(job.uid, (None,))[0] is stop:
-                del self._streams[job.uid]
+            if self._streams.get(key, (None,))[0] is stop:
+                del self._streams[key]
 
     async def _send(
         self, conn: Conn, job: Job, hello: messages.Hello, stop: threading.Event,
         ctx: dict[str, Any],
     ) -> None:  # fmt: skip
-        resume = hello.resume
+        resume, part = hello.resume, hello.part
         reading = await self._reading(job)
         info = reading.source
-        memory = self._memory.get(job.uid)
+        span = None
+        if part is not None:
+            try:
+                span = plan.part(info.size, part.index, part.count, part.unit)
+            except ValueError as e:
+                raise Refused("invalid", f"HELLO asks for {e}") from e
+        remembered = job.uid if part is None else f"{job.uid}/{part.index}/{part.count}/{part.unit}"
+        memory = self._memory.get(remembered)
         if memory is not None and memory.source_id != info.uuid:
             memory = None
-        start, state, note = 0, None, ""
+        start, _ = (0, info.size) if span is None else span
+        state: bytes | None = None
+        note = ""
         if resume is not None:
             if resume.source_id != info.uuid:
                 note = "the source changed since the copy began: starting over"
             else:
-                start, state, note = _checked(resume, info.size, memory)
+                start, state, note = _checked(resume, info.size, memory, span)
         if memory is None:
             memory = JobMemory(info.uuid)
-        self._memory[job.uid] = memory
-        self._memory.move_to_end(job.uid)
+        self._memory[remembered] = memory
+        self._memory.move_to_end(remembered)
         while len(self._memory) > REMEMBERED_JOBS:
             self._memory.popitem(last=False)
         delta = f", delta against {job.base}" if job.base else ""
@@ -259,6 +278,7 @@ class TransferServer:
             memory,
             stop,
             frozenset(hello.features),
+            span,
         )
         self.metrics.active.labels(self.node, "sender").inc()
         result = "failed"
@@ -300,9 +320,10 @@ class TransferServer:
     def _stream(
         self, conn: Conn, reading: Reading, accept: messages.Accept, state: bytes | None,
         memory: JobMemory, stop: threading.Event, features: frozenset[str] = frozenset(),
+        span: tuple[int, int] | None = None,
     ) -> None:  # fmt: skip
-        """Stream the source; ``features``: what the receiver's HELLO asked for (ZDATA records
-        when this node compresses too, its CPU time in END)."""
+        """Stream the source (or its part ``span``); ``features``: what the receiver's HELLO
+        asked for (ZDATA records when this node compresses too, its CPU time in END)."""
         began = time.thread_time()
         info = reading.source
         compressor = (
@@ -314,9 +335,9 @@ class TransferServer:
             volume = Volume(info.path, writable=False)
             if reading.base is not None:
                 base = Volume(reading.base.path, writable=False)
-            start = accept.offset
-            source = RecordSource(volume, info.size, reading.pieces(start), start, state,
-                                  base=base)  # fmt: skip
+            start, until = accept.offset, info.size if span is None else span[1]
+            source = RecordSource(volume, info.size, reading.pieces(start, until), start, state,
+                                  base=base, span=span)  # fmt: skip
             source.digest.on_boundary = memory.passed
             conn.send_message(accept)
             throttle = Throttle(self.limits.bandwidth)
@@ -344,7 +365,7 @@ class TransferServer:
             conn.send_message(end)
             # the receiver's last word: its acknowledgement of the volume's end (checkpoints
             # still on their way come first), or a FAIL
-            while self._acknowledged(conn, memory, scratch) < info.size:
+            while self._acknowledged(conn, memory, scratch) < until:
                 pass
         except (TransferError, ValueError, OSError) as e:
             # ValueError: mappings lvmd reported out of order; OSError: the volume's device.

@@ -1,0 +1,74 @@
+"""How a copy in several streams is split and how its progress is kept (pure): the parts
+cover the volume once, end on their unit, and a status keeps each part's checkpoint."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from topolvm.k8s.lvobject import CopyStatus
+from topolvm.node.copyreport import copy_patch, resumed
+from topolvm.transfer import digest, messages, plan
+
+MiB = 1 << 20
+
+
+@given(st.integers(0, 1 << 40), st.integers(1, plan.MAX_PARTS), st.integers(1, 1024))
+def test_parts_cover_the_volume_once_in_order_on_their_unit(
+    size: int, count: int, unit_mib: int
+) -> None:
+    unit = unit_mib * MiB
+    spans = [plan.part(size, i, count, unit) for i in range(count)]
+    assert spans[0][0] == 0 and spans[-1][1] == size
+    for (_, end), (begin, _) in itertools.pairwise(spans):
+        assert end == begin
+    for begin, end in spans:
+        assert begin <= end and (begin % unit == 0 or begin == size)
+
+
+def test_a_part_that_does_not_exist_or_an_odd_unit_is_an_error() -> None:
+    with pytest.raises(ValueError, match="part 4 of 4"):
+        plan.part(1 << 30, 4, 4, MiB)
+    with pytest.raises(ValueError, match="unit"):
+        plan.part(1 << 30, 0, 4, MiB + 4096)
+
+
+def test_a_small_volume_goes_in_one_stream_and_a_large_one_in_at_most_the_limit() -> None:
+    unit = plan.part_unit(64 << 10)
+    assert unit == 64 * MiB
+    assert plan.parts_for(100 * MiB, 4, unit) == 1
+    assert plan.parts_for(200 * MiB, 4, unit) == 3
+    assert plan.parts_for(1 << 40, 4, unit) == 4
+    assert plan.parts_for(1 << 40, 1, unit) == 1
+    # a chunk size whose grid does not divide a unit of at most 1 GiB: one stream
+    assert plan.part_unit(3 * 5 * 7 * 64 << 10) == 0
+    assert plan.parts_for(1 << 40, 4, 0) == 1
+
+
+def test_a_parts_digest_depends_on_every_part_and_on_the_split() -> None:
+    a, b = bytes(32), b"\x01" * 32
+    assert digest.combined(8 * MiB, [a, b]) != digest.combined(8 * MiB, [b, a])
+    assert digest.combined(8 * MiB, [a, b]) != digest.combined(8 * MiB, [a, b, a])
+    assert digest.part_initial(8 * MiB, 0, 4 * MiB) != digest.part_initial(8 * MiB, 0, 2 * MiB)
+    # one part's chain over the whole volume is not the single-stream chain: no confusion
+    assert digest.part_initial(8 * MiB, 0, 8 * MiB) != digest.initial(8 * MiB)
+
+
+def test_a_status_keeps_each_parts_checkpoint_and_the_progress_they_hold() -> None:
+    points = ((0, 32 * MiB, "a" * 64, "src-1"), (2, 150 * MiB, "b" * 64, "src-1"),
+              (3, 200 * MiB, "c" * 64, "old-source"))  # fmt: skip
+    st_ = CopyStatus(part_count=4, part_unit=64 * MiB, part_checkpoints=points)
+    raw = st_.to_dict()
+    assert raw["streams"]["count"] == 4 and len(raw["streams"]["checkpoints"]) == 3
+    assert CopyStatus.from_dict(raw) == st_
+    accept = messages.Accept(size=256 * MiB, offset=0, source_id="src-1", source="x")
+    # part 0 from 0, part 2 from 128 MiB; part 3's checkpoint is of another source
+    assert resumed(st_, accept) == 32 * MiB + 22 * MiB
+    # a status without streams clears them in the merge patch
+    assert copy_patch(CopyStatus())["streams"] is None
+    # malformed entries read as empty, not as an error
+    bad = CopyStatus.from_dict({"streams": {"count": "x", "checkpoints": [1, {"index": "y"}]}})
+    assert bad is not None and bad.part_count == 0 and bad.part_checkpoints == ((0, 0, "", ""),)
