@@ -5,7 +5,8 @@ stubbed), each in a process of its own as on two nodes, files standing in for th
 
 1. A copy of ``--gib`` GiB of random bytes: its rate and the CPU seconds per GiB on each side
    (each side's stream thread: what ``status.copy`` reports). Targets: >= 1.1 GB/s (10 GbE line
-   rate) and <= 0.8 CPU-s/GiB on each side.
+   rate) and <= 0.8 CPU-s/GiB on each side. Measured in one stream, and in ``--streams``
+   (default: a node's default, one per CPU up to 4), the rate a node gets by default.
 2. Compression on a slow link: the same size of log-like data (compresses about 5:1), sent
    through a sender capped at ``--link-mib`` MiB/s on the wire, with ``--transfer-compression
    zstd`` and without. Target: the compressed copy takes <= 0.7 of the plain one's time.
@@ -41,12 +42,14 @@ from topolvm.transfer.client import Endpoint, Outcome, receive
 from topolvm.transfer.jobs import Job, Limits, VolumeInfo
 from topolvm.transfer.metrics import TransferMetrics
 from topolvm.transfer.server import TransferServer
+from topolvm.transfer.streams import Parts, receive_parts
 
 MiB = 1 << 20
 GiB = 1 << 30
 RESULTS = gobuild.ROOT / ".cache" / "bench" / "transfer_loopback.json"
 UID = "0b4f5c7e-1111-4222-8333-123456789abc"
-TARGETS = {"gb_per_second": (">=", 1.1), "sender_cpu_per_gib": ("<=", 0.8),
+TARGETS = {"gb_per_second": (">=", 1.1), "gb_per_second_streams": (">=", 1.1),
+           "sender_cpu_per_gib": ("<=", 0.8),
            "receiver_cpu_per_gib": ("<=", 0.8), "zstd_slow_link_time": ("<=", 0.7),
            "zstd_incompressible_cpu": ("<=", 1.2)}  # fmt: skip
 
@@ -106,21 +109,28 @@ def _serve(paths: dict[str, Path], source: str, limits: Limits, ready: Any) -> N
 
 
 def _copy(source: str, files: Files, target: Path, limits: Limits,
-          features: tuple[str, ...]) -> tuple[float, Outcome]:  # fmt: skip
+          features: tuple[str, ...], streams: int = 1) -> tuple[float, Outcome]:  # fmt: skip
     ctx = multiprocessing.get_context("fork")  # before any thread of this process
     ready = ctx.Queue()
     child = ctx.Process(target=_serve, args=(files.paths, source, limits, ready), daemon=True)
     child.start()
     try:
         port, fingerprint = ready.get(timeout=60)
-        endpoint = Endpoint("node-a", "127.0.0.1", port, fingerprint)
         size = files.paths[source].stat().st_size
         info = VolumeInfo(str(target), size, False, 0, "t")
+        if streams > 1:
+            features = (*features, messages.STREAMS)
+        endpoint = Endpoint("node-a", "127.0.0.1", port, fingerprint, frozenset(features))
         hello = messages.Hello(version=1, token="t", job="pvc-target", job_uid=UID,
                                features=features)  # fmt: skip
         began = time.monotonic()
-        outcome = receive(endpoint, hello, info, lambda c: None, lambda *a: None,
-                          threading.Event(), 60.0)  # fmt: skip
+        if streams > 1:
+            parts = Parts(streams, 16 * MiB)
+            outcome = receive_parts(endpoint, hello, info, parts, {}, lambda i, c: None,
+                                    lambda *a: None, threading.Event(), 60.0)  # fmt: skip
+        else:
+            outcome = receive(endpoint, hello, info, lambda c: None, lambda *a: None,
+                              threading.Event(), 60.0)  # fmt: skip
         return time.monotonic() - began, outcome
     finally:
         child.kill()
@@ -132,7 +142,7 @@ def _cpu(outcome: Outcome) -> tuple[float, float]:
     return (outcome.sender_cpu_seconds or 0.0) / gib, outcome.cpu_seconds / gib
 
 
-def measure(workdir: Path, size: int, rounds: int, link: int) -> dict[str, Any]:
+def measure(workdir: Path, size: int, rounds: int, link: int, streams: int) -> dict[str, Any]:
     files = Files({"random": workdir / "random", "logs": workdir / "logs",
                    "zeros": workdir / "zeros"})  # fmt: skip
     _random(files.paths["random"], size)
@@ -144,10 +154,11 @@ def measure(workdir: Path, size: int, rounds: int, link: int) -> dict[str, Any]:
     target.write_bytes(b"")
     os.truncate(target, size)
     ask = (messages.SENDER_CPU, messages.COMPRESS)
-    plain, zstd_random, slow_plain, slow_zstd, zeros = [], [], [], [], []
+    plain, zstd_random, slow_plain, slow_zstd, zeros, several = [], [], [], [], [], []
     for _ in range(rounds):
         zeros.append(_copy("zeros", files, target, Limits(), ask))
         plain.append(_copy("random", files, target, Limits(), ask))
+        several.append(_copy("random", files, target, Limits(), ask, streams))
         zstd_random.append(_copy("random", files, target, Limits(compress=True), ask))
         slow_plain.append(_copy("logs", files, target, Limits(bandwidth=link), ask))
         slow_zstd.append(_copy("logs", files, target, Limits(bandwidth=link, compress=True), ask))
@@ -159,9 +170,13 @@ def measure(workdir: Path, size: int, rounds: int, link: int) -> dict[str, Any]:
     wire = med(o.wire_bytes / o.data_bytes for _, o in slow_zstd)
     return {
         "size_bytes": size, "rounds": rounds, "link_bytes_per_second": link,
-        "plain_seconds": [t for t, _ in plain],
+        "plain_seconds": [t for t, _ in plain], "streams": streams,
+        "streams_seconds": [t for t, _ in several],
+        "streams_cpu_per_gib": [med(_cpu(o)[0] for _, o in several),
+                                med(_cpu(o)[1] for _, o in several)],
         "ratios": {
             "gb_per_second": size / seconds / 1e9,
+            "gb_per_second_streams": size / med(t for t, _ in several) / 1e9,
             "sender_cpu_per_gib": sender,
             "receiver_cpu_per_gib": receiver,
             "zstd_slow_link_time": med(t for t, _ in slow_zstd) / med(t for t, _ in slow_plain),
@@ -186,6 +201,9 @@ def report(results: dict[str, Any]) -> None:
     print(f"  zstd on log-like data: {results['zstd_wire_share']:.1%} of the bytes on the wire; "
           f"CPU s/GiB sender {results['zstd_sender_cpu_per_gib']:.2f}, receiver "
           f"{results['zstd_receiver_cpu_per_gib']:.2f}")  # fmt: skip
+    print(f"  in {results['streams']} streams: CPU s/GiB sender "
+          f"{results['streams_cpu_per_gib'][0]:.2f}, receiver "
+          f"{results['streams_cpu_per_gib'][1]:.2f} (summed over the streams)")  # fmt: skip
     print(f"  a thick volume of zeros: {results['zero_volume_seconds']:.2f} s, sender CPU "
           f"{results['zero_volume_sender_cpu_per_gib']:.2f} s/GiB of volume")  # fmt: skip
 
@@ -196,12 +214,15 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds (medians are reported)")
     parser.add_argument("--link-mib", type=int, default=100,
                         help="the slow link's MiB/s for step 2 (default 100)")  # fmt: skip
+    parser.add_argument("--streams", type=int, default=min(os.cpu_count() or 1, 4),
+                        help="streams of the second copy of step 1, at least 2 (default: one "
+                        "per CPU, at most 4, as a node's default)")  # fmt: skip
     args = parser.parse_args()
     size = max(16 * MiB, int(args.gib * GiB) // (16 * MiB) * (16 * MiB))
     (gobuild.ROOT / ".cache").mkdir(exist_ok=True)  # a fresh clone has none yet
     workdir = Path(tempfile.mkdtemp(prefix="transfer-loopback-", dir=gobuild.ROOT / ".cache"))
     try:
-        results = measure(workdir, size, args.rounds, args.link_mib * MiB)
+        results = measure(workdir, size, args.rounds, args.link_mib * MiB, max(2, args.streams))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     results["loadavg"] = list(os.getloadavg())

@@ -1,14 +1,14 @@
 """The node-to-node copy under faults, between two nodes' topolvm-node processes on real LVM
 (docs/mobility.md): the receiving topolvm-node SIGKILLed, then the sending one, and the link
-between the nodes cut, each in the middle of a copy: the copy goes on from its last checkpoint
-(the bytes sent say it did not start over) and the data matches. The transfer port refuses
-what it must: no or a bad token, another ServiceAccount's, the right one on the wrong node, a
-token a node showed another node's port (caught by a stand-in node) and replayed, one of the
-audience all nodes used to share, an unknown job, a finished one; a copy goes on while hundreds
-of idle and garbage connections are open at its source's port; a node may make tokens only for
-itself and for transfer audiences, and none with credentials that name no node (the chart's
-rules, real API server, node.ownNodeOnly off); and a source being copied is not deleted
-underneath the copy.
+between the nodes cut, each in the middle of a copy in two streams: each stream goes on from its
+own last checkpoint (the bytes sent say it did not start over) and the data matches. The
+transfer port refuses what it must: no or a bad token, another ServiceAccount's, the right one
+on the wrong node, a token a node showed another node's port (caught by a stand-in node) and
+replayed, one of the audience all nodes used to share, an unknown job, a finished one; a copy
+goes on while hundreds of idle and garbage connections are open at its source's port; a node
+may make tokens only for itself and for transfer audiences, and none with credentials that
+name no node (the chart's rules, real API server, node.ownNodeOnly off); and a source being
+copied is not deleted underneath the copy.
 
 Copies are made as the controller makes them, as LogicalVolume objects (the claims' path is
 tests/test_cluster_transfer.py), and slowed by the nodes' bandwidth cap so a fault lands in
@@ -48,10 +48,10 @@ from tests.transfer_token_helpers import (
 )
 from topolvm.constants import NORMAL
 from topolvm.k8s import api
-from topolvm.k8s.lvobject import LogicalVolumeObject
+from topolvm.k8s.lvobject import CopyStatus, LogicalVolumeObject
 from topolvm.proto import csi_pb2 as csi
 from topolvm.proto import csi_pb2_grpc as csi_grpc
-from topolvm.transfer import client, messages
+from topolvm.transfer import client, messages, plan
 from topolvm.transfer.auth import LEGACY_AUDIENCE, NODE_NAME_KEY, audience
 from topolvm.transfer.errors import ConnectionLost, Refused
 from topolvm.transfer.server import HANDSHAKE_TIMEOUT
@@ -60,7 +60,8 @@ pytestmark = pytest.mark.cluster
 
 SIZE = 128 * MiB
 DATA = 96 * MiB  # random; the rest zeros
-RATE = "6Mi"  # per copy: a copy of DATA takes about 16 s
+RATE = "6Mi"  # per stream: a copy of DATA takes about 8 s in its two streams
+STREAMS = 2  # the copies here go in two streams of 64 MiB each, each resumed on its own
 LV = api.logicalvolume_resource(NORMAL)
 
 
@@ -70,7 +71,8 @@ def pair(
 ) -> Iterator[list[UmlNode]]:
     with shared_nodes(
         control_plane, tmp_path_factory.mktemp("xfault"), "xfault", [4, 4], [THICK],
-        extra=[f"--transfer-bandwidth={RATE}", "--transfer-io-timeout=6"], kubelet=False,
+        extra=[f"--transfer-bandwidth={RATE}", "--transfer-io-timeout=6",
+               f"--transfer-streams={STREAMS}"], kubelet=False,
     ) as nodes:  # fmt: skip
         yield nodes
 
@@ -138,7 +140,7 @@ async def _copying(
     async def check() -> LogicalVolumeObject | None:
         lv = seen[0] = await _get(client, name)
         cp = None if lv is None else lv.copy
-        return lv if cp is not None and cp.checkpoint_offset >= past else None
+        return lv if cp is not None and durable(cp) >= past else None
 
     def details() -> str:  # what the copy says, and the nodes' logs
         logs = "\n".join(f"{n.name}:\n{n.node_log(lines=25)}" for n in nodes or [])
@@ -148,6 +150,15 @@ async def _copying(
         f"{name} past {past}", check, timeout=120, details=details
     )
     return result
+
+
+def durable(cp: CopyStatus) -> int:
+    """The bytes a copy's checkpoints hold: of every part, for a copy in several streams."""
+    if not cp.part_count:
+        return cp.checkpoint_offset
+    size = cp.total_bytes or SIZE
+    return sum(offset - plan.part(size, index, cp.part_count, cp.part_unit)[0]
+               for index, offset, _, _ in cp.part_checkpoints)  # fmt: skip
 
 
 async def _done(client: AsyncClient, name: str, nodes: list[UmlNode]) -> LogicalVolumeObject:
@@ -191,6 +202,7 @@ async def test_a_copy_resumes_after_either_topolvm_node_is_killed(
     done = await _done(cluster_client, target, pair)
     source = await _get(cluster_client, src)
     assert source is not None and done.copy is not None
+    assert done.copy.part_count == STREAMS, done.copy
     assert done.copy.resumed_from >= 16 * MiB, done.copy  # went on, not from zero
     assert done.copy.attempts >= 2
     assert _digest(b, done.volume_id) == _digest(a, source.volume_id)
@@ -213,7 +225,7 @@ async def test_a_copy_resumes_after_the_link_is_cut(
         await asyncio.sleep(10)  # longer than the I/O timeout: the connection is given up
     done = await _done(cluster_client, target, pair)
     source = await _get(cluster_client, src)
-    assert source is not None and done.copy is not None
+    assert source is not None and done.copy is not None and done.copy.part_count == STREAMS
     assert done.copy.resumed_from >= 16 * MiB and done.copy.attempts >= 2, done.copy
     assert _digest(b, done.volume_id) == _digest(a, source.volume_id)
 
