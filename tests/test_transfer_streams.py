@@ -18,10 +18,10 @@ import pytest
 from tests import test_transfer_stream as stream
 from tests.test_transfer_stream import UID, MakeServer, Server, _target
 from topolvm.transfer import digest, messages, pipeline, plan
-from topolvm.transfer.client import Checkpoint, Endpoint, Outcome, receive
+from topolvm.transfer.client import Endpoint, Outcome, receive
 from topolvm.transfer.errors import Refused, TransferError
 from topolvm.transfer.jobs import Limits, VolumeInfo
-from topolvm.transfer.streams import Parts, receive_parts
+from topolvm.transfer.streams import PartPoint, Parts, receive_parts
 
 server = stream.server  # the fixture: a sender on loopback
 MiB = 1 << 20
@@ -45,10 +45,10 @@ def _expected(source: Path, parts: Parts) -> bytes:
     return digest.combined(size, chains)
 
 
-class Points(dict[int, Checkpoint]):
+class Points(dict[int, PartPoint]):
     """The parts' checkpoints, as the node's status keeps them."""
 
-    def persist(self, index: int, point: Checkpoint | None) -> None:
+    def persist(self, index: int, point: PartPoint | None) -> None:
         if point is None:
             self.pop(index, None)
         else:
@@ -111,14 +111,14 @@ async def test_a_thin_copy_in_four_streams_equals_its_source_and_stays_sparse_in
                 if begin <= a + b and c <= end and c - (a + b) >= 65536]  # fmt: skip
         assert gaps, f"part {index} has no hole to check"
         assert all(_holes(target.path, a, c) for a, c in gaps)
-        assert points[index].offset == end  # each part is checkpointed complete
+        assert points[index].point.offset == end  # each part is checkpointed complete
 
 
 async def test_a_copy_in_streams_stopped_midway_resumes_every_part_from_its_checkpoint(
     server: MakeServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(pipeline, "CHECKPOINT_BYTES", 2 * MiB)
-    s = await server(mapped=False, bandwidth=3 * MiB)  # per stream
+    s = await server(mapped=False, bandwidth=8 * MiB)  # the copy's, shared by its streams
     size = s.source.stat().st_size
     target = _target(tmp_path, size)
     points, stop = Points(), threading.Event()
@@ -129,14 +129,14 @@ async def test_a_copy_in_streams_stopped_midway_resumes_every_part_from_its_chec
         await task
     first = s.sent("data")
     held = dict(points)
-    assert all(plan.part(size, i, 4, MiB)[0] < p.offset < plan.part(size, i, 4, MiB)[1]
+    assert all(plan.part(size, i, 4, MiB)[0] < p.point.offset < plan.part(size, i, 4, MiB)[1]
                for i, p in held.items())  # fmt: skip
     s.server.limits = Limits(io_timeout=5)
     outcome = await _receive_parts(s, target, points, fresh=False)
     assert Path(target.path).read_bytes() == s.source.read_bytes()
     assert outcome.digest == _expected(s.source, PARTS)
     # what travelled again is at most what each part had left past its checkpoint
-    left = sum(plan.part(size, i, 4, MiB)[1] - p.offset for i, p in held.items())
+    left = sum(plan.part(size, i, 4, MiB)[1] - p.point.offset for i, p in held.items())
     assert s.sent("data") - first <= left
 
 
@@ -146,7 +146,7 @@ async def test_a_copy_in_streams_resumes_after_its_sender_restarts(
     """The sender's process goes (every stream cut at once) and a new one, which remembers
     nothing of the job, serves the resume: each part goes on from its checkpoint."""
     monkeypatch.setattr(pipeline, "CHECKPOINT_BYTES", 2 * MiB)
-    s = await server(mapped=True, bandwidth=3 * MiB, data_every=1)
+    s = await server(mapped=True, bandwidth=8 * MiB, data_every=1)
     size = s.source.stat().st_size
     target = _target(tmp_path, size, chunk=65536)
     points = Points()
@@ -161,7 +161,7 @@ async def test_a_copy_in_streams_resumes_after_its_sender_restarts(
     outcome = await _receive_parts(again, target, points, fresh=False)
     assert Path(target.path).read_bytes() == s.source.read_bytes()
     assert outcome.digest == _expected(s.source, PARTS)
-    left = sum(plan.part(size, i, 4, MiB)[1] - p.offset for i, p in held.items())
+    left = sum(plan.part(size, i, 4, MiB)[1] - p.point.offset for i, p in held.items())
     assert again.sent("data") <= left < size
 
 
@@ -215,7 +215,7 @@ async def test_a_copy_in_streams_whose_link_is_cut_in_one_stream_resumes_and_ver
     server: MakeServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(pipeline, "CHECKPOINT_BYTES", 2 * MiB)
-    s = await server(mapped=False, bandwidth=4 * MiB)
+    s = await server(mapped=False, bandwidth=8 * MiB)
     size = s.source.stat().st_size
     target = _target(tmp_path, size)
     proxy = CuttingProxy(s.server.port, victim=3, after=3 * MiB)
@@ -243,3 +243,60 @@ async def test_a_stream_asking_for_a_part_that_does_not_exist_is_refused(
         await asyncio.to_thread(receive, endpoint, hello, target, lambda cp: None,
                                 lambda *a: None, threading.Event(), 5.0)  # fmt: skip
     assert refused.value.reason == "invalid" and s.sent("data") == 0
+
+
+async def test_a_part_resumed_at_its_end_sends_nothing_even_inside_a_chunk(
+    server: MakeServer, tmp_path: Path
+) -> None:
+    """A copy whose every part is complete, tried again (its Done was not written): each part
+    resumes at its end, the last one's inside a chunk of the thin target (the volume's end)."""
+    s = await server(mapped=True)
+    size = s.source.stat().st_size
+    target = _target(tmp_path, size, chunk=128 << 10)  # the size is 24 MiB + 64 KiB
+    points = Points()
+    first = await _receive_parts(s, target, points)
+    sent = s.sent("data")
+    again = await _receive_parts(s, target, points, fresh=False)
+    assert s.sent("data") == sent and again.data_bytes == 0
+    assert again.digest == first.digest == _expected(s.source, PARTS)
+    assert Path(target.path).read_bytes() == s.source.read_bytes()
+
+
+async def test_a_checkpoint_of_another_split_is_never_resumed_from(
+    server: MakeServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checkpoints kept from a copy in three parts, offered to one in four: a point inside
+    the new part's range but of another range is void, and that part starts over."""
+    monkeypatch.setattr(pipeline, "CHECKPOINT_BYTES", 2 * MiB)
+    s = await server(mapped=False, bandwidth=8 * MiB)
+    size = s.source.stat().st_size
+    target = _target(tmp_path, size)
+    points, stop = Points(), threading.Event()
+    three = Parts(3, MiB)
+    task = asyncio.create_task(_receive_parts(s, target, points, stop=stop, parts=three))
+    for _ in range(300):
+        if len(points) == 3:
+            break
+        await asyncio.sleep(0.1)
+    stop.set()
+    with pytest.raises(TransferError):
+        await task
+    s.server.limits = Limits(io_timeout=5)
+    with pytest.raises(TransferError, match="of the range"):
+        await _receive_parts(s, target, points, fresh=False)
+    outcome = await _receive_parts(s, target, points, fresh=False)  # the next attempt
+    assert Path(target.path).read_bytes() == s.source.read_bytes()
+    assert outcome.digest == _expected(s.source, PARTS)
+
+
+async def test_more_streams_than_a_sender_authorises_at_once_connect_one_after_another(
+    server: MakeServer, tmp_path: Path
+) -> None:
+    """The sender authorises few HELLOs of one address at once (a TokenReview each) and
+    refuses more as busy: six parts connect one after the other and all get through."""
+    s = await server(mapped=True, slow=0.2)
+    size = s.source.stat().st_size
+    target = _target(tmp_path, size, chunk=65536)
+    outcome = await _receive_parts(s, target, Points(), parts=Parts(6, MiB))
+    assert Path(target.path).read_bytes() == s.source.read_bytes()
+    assert outcome.digest == _expected(s.source, Parts(6, MiB))

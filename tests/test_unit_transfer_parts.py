@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from topolvm.k8s.lvobject import CopyStatus
+from topolvm.k8s.lvobject import CopyStatus, PartCheckpoint
 from topolvm.node.copyreport import copy_patch, resumed
 from topolvm.transfer import digest, messages, plan
 
@@ -58,17 +58,22 @@ def test_a_parts_digest_depends_on_every_part_and_on_the_split() -> None:
 
 
 def test_a_status_keeps_each_parts_checkpoint_and_the_progress_they_hold() -> None:
-    points = ((0, 32 * MiB, "a" * 64, "src-1"), (2, 150 * MiB, "b" * 64, "src-1"),
-              (3, 200 * MiB, "c" * 64, "old-source"))  # fmt: skip
-    st_ = CopyStatus(part_count=4, part_unit=64 * MiB, part_checkpoints=points)
+    unit, size = 64 * MiB, 256 * MiB
+    points = (PartCheckpoint(0, 0, unit, 32 * MiB, "a" * 64, "src-1"),
+              PartCheckpoint(2, 2 * unit, 3 * unit, 150 * MiB, "b" * 64, "src-1"),
+              PartCheckpoint(3, 3 * unit, size, 200 * MiB, "c" * 64, "old-source"),
+              PartCheckpoint(1, 0, 2 * unit, 100 * MiB, "d" * 64, "src-1"))  # fmt: skip
+    st_ = CopyStatus(part_count=4, part_unit=unit, part_checkpoints=points)
     raw = st_.to_dict()
-    assert raw["streams"]["count"] == 4 and len(raw["streams"]["checkpoints"]) == 3
+    assert raw["streams"]["count"] == 4 and len(raw["streams"]["checkpoints"]) == 4
     assert CopyStatus.from_dict(raw) == st_
-    accept = messages.Accept(size=256 * MiB, offset=0, source_id="src-1", source="x")
-    # part 0 from 0, part 2 from 128 MiB; part 3's checkpoint is of another source
+    accept = messages.Accept(size=size, offset=0, source_id="src-1", source="x")
+    # part 0 from 0, part 2 from 128 MiB; part 3's checkpoint is of another source, part 1's
+    # of another split (its range is not the part's): neither counts
     assert resumed(st_, accept) == 32 * MiB + 22 * MiB
     # a status without streams clears them in the merge patch
     assert copy_patch(CopyStatus())["streams"] is None
     # malformed entries read as empty, not as an error
     bad = CopyStatus.from_dict({"streams": {"count": "x", "checkpoints": [1, {"index": "y"}]}})
-    assert bad is not None and bad.part_count == 0 and bad.part_checkpoints == ((0, 0, "", ""),)
+    assert bad is not None and bad.part_count == 0
+    assert bad.part_checkpoints == (PartCheckpoint(0, 0, 0, 0, "", ""),)

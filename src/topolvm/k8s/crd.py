@@ -76,6 +76,8 @@ def _copy_status() -> dict[str, Any]:
                         "type": "array",
                         "items": {"type": "object", "properties": {
                             "index": {"type": "integer", "format": "int32"},
+                            "begin": _int64("Where the part begins."),
+                            "end": _int64("Where the part ends (not included)."),
                             "offset": _int64("Byte offset."),
                             "digest": _string("Hex digest chain value of the part there."),
                             "sourceID": _string("LVM uuid of the source volume read.")}},

@@ -30,6 +30,32 @@ def int_or_zero(value: Any) -> int:
 
 
 @dataclass(frozen=True)
+class PartCheckpoint:
+    """``status.copy.streams.checkpoints[]``: a part's last durable point (a copy in several
+    streams): everything from ``begin`` up to ``offset`` is written and synced, the part's
+    digest chain there is ``digest``, read from the source of LVM uuid ``source_id``."""
+
+    index: int
+    begin: int
+    end: int
+    offset: int
+    digest: str
+    source_id: str
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> PartCheckpoint:
+        """Tolerant, as :class:`CopyStatus`: a field of the wrong type reads as empty."""
+        index, begin, end, offset = (int_or_zero(raw.get(k))
+                                     for k in ("index", "begin", "end", "offset"))  # fmt: skip
+        return cls(index, begin, end, offset, str(raw.get("digest") or ""),
+                   str(raw.get("sourceID") or ""))  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "begin": self.begin, "end": self.end, "offset": self.offset,
+                "digest": self.digest, "sourceID": self.source_id}  # fmt: skip
+
+
+@dataclass(frozen=True)
 class CopyStatus:
     """``status.copy``: one copy's state, written by the node that fills the volume and read
     by the controller that waits for it, by the sender checking a resume, and by doctor."""
@@ -53,11 +79,11 @@ class CopyStatus:
     wire_bytes: int = 0  # DATA payload on the wire over every attempt (compressed: fewer)
     sender_cpu_ms_per_gib: int = 0  # the last attempt's CPU per GiB of data, on each side
     receiver_cpu_ms_per_gib: int = 0
-    # a copy in several streams: how many, the unit their parts end on, and each part's last
-    # checkpoint as (index, offset, digest, the source's LVM uuid)
+    # a copy in several streams: how many, the unit their parts end on, each part's last
+    # checkpoint
     part_count: int = 0
     part_unit: int = 0
-    part_checkpoints: tuple[tuple[int, int, str, str], ...] = ()
+    part_checkpoints: tuple[PartCheckpoint, ...] = ()
 
     _KEYS = (("phase", "phase"), ("message", "message"), ("source_node", "sourceNode"),
              ("source_id", "sourceID"), ("total_bytes", "totalBytes"),
@@ -90,8 +116,7 @@ class CopyStatus:
             values["part_unit"] = int_or_zero(streams.get("unit"))
             points = streams.get("checkpoints")
             values["part_checkpoints"] = tuple(
-                (int_or_zero(p.get("index")), int_or_zero(p.get("offset")),
-                 str(p.get("digest") or ""), str(p.get("sourceID") or ""))
+                PartCheckpoint.from_dict(p)
                 for p in (points if isinstance(points, list) else []) if isinstance(p, dict)
             )  # fmt: skip
         return cls(**values)
@@ -106,8 +131,7 @@ class CopyStatus:
             out["checkpoint"] = {"offset": self.checkpoint_offset,
                                  "digest": self.checkpoint_digest}  # fmt: skip
         if self.part_count:
-            points = [{"index": i, "offset": o, "digest": d, "sourceID": source}
-                      for i, o, d, source in self.part_checkpoints]  # fmt: skip
+            points = [p.to_dict() for p in self.part_checkpoints]
             out["streams"] = {"count": self.part_count, "unit": self.part_unit,
                               "checkpoints": points}  # fmt: skip
         return out

@@ -218,7 +218,8 @@ class CopyJobs:
             ),
             features=tuple(sorted(endpoint.features)),
         )
-        kept = prior.part_checkpoints if parts is not None and prior.part_count else ()
+        split = (prior.part_count, prior.part_unit)
+        kept = prior.part_checkpoints if parts and split == (parts.count, parts.unit) else ()
         status = replace(
             prior,
             phase=CopyPhase.COPYING,
@@ -246,9 +247,9 @@ class CopyJobs:
 
         def work() -> client.Outcome:
             if parts is not None:
-                resumes = {i: client.Checkpoint(offset, bytes.fromhex(digest), source_id)
-                           for i, offset, digest, source_id in kept
-                           if source_id and len(digest) == 64}  # fmt: skip
+                resumes = {p.index: streams.PartPoint(p.begin, p.end, client.Checkpoint(
+                               p.offset, bytes.fromhex(p.digest), p.source_id))
+                           for p in kept if p.source_id and _hex256(p.digest)}  # fmt: skip
                 return streams.receive_parts(
                     endpoint, hello, target, parts, resumes,
                     self.report.part_persister(run, loop), self.report.progress(run), stop,
@@ -365,6 +366,8 @@ class CopyJobs:
                 await self.cuts.remove(lv.uid, source.device_class)
 
     async def _in_thread(self, work: Any, stop: threading.Event) -> Any:
+        """``work`` in a worker thread; cancelled, it is told to stop and waited for: it
+        writes the target, which the next attempt writes too."""
         future = asyncio.get_running_loop().run_in_executor(self._pool, work)
         self.metrics.active.labels(self.node, "receiver").inc()
         try:
@@ -395,3 +398,8 @@ class CopyJobs:
         published = ann.get(self.names.transfer_features_annotation, "")
         offered = messages.honoured(published, fingerprint)
         return client.Endpoint(node, host.strip("[]"), int(port), fingerprint, offered)
+
+
+def _hex256(text: str) -> bool:
+    """A digest chain's value as status keeps it: 64 hex digits."""
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)

@@ -18,12 +18,18 @@ from lightkube import AsyncClient
 from topolvm.constants import Names
 from topolvm.k8s import api, events
 from topolvm.k8s import errors as kube
-from topolvm.k8s.lvobject import CopyPhase, CopyStatus, InvalidQuantity, LogicalVolumeObject
+from topolvm.k8s.lvobject import (
+    CopyPhase,
+    CopyStatus,
+    InvalidQuantity,
+    LogicalVolumeObject,
+    PartCheckpoint,
+)
 from topolvm.k8s.stamps import now
 from topolvm.transfer import client, messages, plan
 from topolvm.transfer.errors import CopyImpossible, DigestMismatch, TransferError
 from topolvm.transfer.metrics import TransferMetrics
-from topolvm.transfer.streams import PartPersist
+from topolvm.transfer.streams import PartPersist, PartPoint
 from topolvm.units import human
 
 log = logging.getLogger(__name__)
@@ -56,6 +62,8 @@ class Run:
     wire: int = 0
     # reports the worker thread started and the loop still writes (CopyReporter.settle)
     in_flight: list[concurrent.futures.Future[None]] = field(default_factory=list)
+    # held while run.status is changed and written (the parts of a copy in several streams)
+    writing: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 def connecting(prior: CopyStatus, source_node: str) -> str:
@@ -120,20 +128,21 @@ class CopyReporter:
     async def accepted(self, run: Run, accept: messages.Accept) -> None:
         """The source's ACCEPT (a copy in several streams: its first part's)."""
         count = run.status.part_count
-        done = accept.offset if not count else resumed(run.status, accept)
-        run.position = done
-        run.started = time.monotonic()
-        streams = f" in {count} streams" if count else ""
-        run.status = replace(
-            run.status,
-            total_bytes=accept.size,
-            resumed_from=done,
-            source_id=accept.source_id,
-            message=f"copying {accept.source}{streams}",
-        )
-        if accept.offset == 0:  # started over: the old checkpoint is void
-            run.status = replace(run.status, checkpoint_offset=0, checkpoint_digest="")
-        await self.write(run.lv, run.status)
+        async with run.writing:
+            done = accept.offset if not count else resumed(run.status, accept)
+            run.position = done
+            run.started = time.monotonic()
+            streams = f" in {count} streams" if count else ""
+            run.status = replace(
+                run.status,
+                total_bytes=accept.size,
+                resumed_from=done,
+                source_id=accept.source_id,
+                message=f"copying {accept.source}{streams}",
+            )
+            if accept.offset == 0:  # started over: the old checkpoint is void
+                run.status = replace(run.status, checkpoint_offset=0, checkpoint_digest="")
+            await self.write(run.lv, run.status)
         start = f"from offset {done}" if done else "from the start"
         if count and done:
             start = f"{human(done)} done already"
@@ -161,32 +170,39 @@ class CopyReporter:
     def part_persister(self, run: Run, loop: asyncio.AbstractEventLoop) -> PartPersist:
         """A part's checkpoint (a copy in several streams), as :meth:`persister` writes one."""
 
-        def persist(index: int, cp: client.Checkpoint | None) -> None:
-            future = asyncio.run_coroutine_threadsafe(self.part_checkpoint(run, index, cp), loop)
+        def persist(index: int, point: PartPoint | None) -> None:
+            future = asyncio.run_coroutine_threadsafe(self.part_checkpoint(run, index, point),
+                                                      loop)  # fmt: skip
             try:
                 future.result(timeout=60)
             except (TimeoutError, kube.KubeError) as e:
                 future.cancel()
-                at = "void" if cp is None else f"at {cp.offset}"
+                at = "void" if point is None else f"at {point.point.offset}"
                 raise CheckpointFailed(f"checkpoint of part {index + 1} {at} not written: "
                                        f"{e}") from e  # fmt: skip
 
         return persist
 
-    async def part_checkpoint(self, run: Run, index: int, cp: client.Checkpoint | None) -> None:
-        points = [p for p in run.status.part_checkpoints if p[0] != index]
-        if cp is not None:
-            points.append((index, cp.offset, cp.digest.hex(), cp.source_id))
-        elapsed = max(time.monotonic() - run.started, 0.001)
-        run.status = replace(
-            run.status,
-            part_checkpoints=tuple(sorted(points)),
-            done_bytes=run.position,
-            bytes_per_second=max(int((run.position - run.status.resumed_from) / elapsed), 0),
-            transferred_bytes=run.base_transferred + run.data,
-            wire_bytes=run.base_wire + run.wire,
-        )
-        await self.write(run.lv, run.status)
+    async def part_checkpoint(self, run: Run, index: int, at: PartPoint | None) -> None:
+        """One part's checkpoint into the status, the others' kept: the parts' writes go one
+        at a time, each with every part's latest (writes in flight together could land out
+        of order and bring back a checkpoint made void)."""
+        async with run.writing:
+            points = [p for p in run.status.part_checkpoints if p.index != index]
+            if at is not None:
+                cp = at.point
+                points.append(PartCheckpoint(index, at.begin, at.end, cp.offset, cp.digest.hex(),
+                                             cp.source_id))  # fmt: skip
+            elapsed = max(time.monotonic() - run.started, 0.001)
+            run.status = replace(
+                run.status,
+                part_checkpoints=tuple(sorted(points, key=lambda p: p.index)),
+                done_bytes=run.position,
+                bytes_per_second=max(int((run.position - run.status.resumed_from) / elapsed), 0),
+                transferred_bytes=run.base_transferred + run.data,
+                wire_bytes=run.base_wire + run.wire,
+            )
+            await self.write(run.lv, run.status)
         await self._progress_event(run, run.position)
 
     async def checkpoint(self, run: Run, cp: client.Checkpoint) -> None:
@@ -228,8 +244,6 @@ class CopyReporter:
                 last[0] = now
                 rate = (position - run.status.resumed_from) / max(now - run.started, 0.001)
                 self.metrics.job(run.lv.name, position, size, rate)
-                if run.status.total_bytes != size:
-                    run.status = replace(run.status, total_bytes=size)
 
         return progress
 
@@ -331,11 +345,15 @@ def resumed(status: CopyStatus, accept: messages.Accept) -> int:
     """The bytes of a copy in several streams that its parts' checkpoints of this source hold
     already: where its progress starts."""
     done = 0
-    for index, offset, _, source_id in status.part_checkpoints:
-        if source_id != accept.source_id or not 0 <= index < status.part_count:
+    for p in status.part_checkpoints:
+        if p.source_id != accept.source_id or not 0 <= p.index < status.part_count:
             continue
-        begin, end = plan.part(accept.size, index, status.part_count, status.part_unit)
-        done += max(0, min(offset, end) - begin)
+        try:
+            span = plan.part(accept.size, p.index, status.part_count, status.part_unit)
+        except ValueError:
+            return 0
+        if span == (p.begin, p.end):
+            done += max(0, min(p.offset, p.end) - p.begin)
     return done
 
 

@@ -74,8 +74,9 @@ class TransferService:
         endpoint = f"{advertise}:{self.server.port}"
         if ":" in advertise:
             endpoint = f"[{advertise}]:{self.server.port}"
-        features = [messages.SENDER_CPU] + ([messages.COMPRESS] if self.server.limits.compress
-                                            else [])  # fmt: skip
+        features = [messages.SENDER_CPU, messages.STREAMS]
+        if self.server.limits.compress:
+            features.append(messages.COMPRESS)
         ann = {self.names.transfer_endpoint_annotation: endpoint,
                self.names.transfer_cert_annotation: self.server.fingerprint,
                self.names.transfer_features_annotation:

@@ -67,21 +67,25 @@ def _totals(end: messages.End) -> tuple[int, ...]:
 
 
 class Throttle:
-    """At most ``rate`` bytes per second (0: no limit), as a token bucket of one second."""
+    """At most ``rate`` bytes per second (0: no limit), as a token bucket of one second, shared
+    by the threads of one copy (its streams): each waits out the debt it finds."""
 
     def __init__(self, rate: int) -> None:
         self.rate = rate
         self._allowance = float(rate)
         self._last = time.monotonic()
+        self._lock = threading.Lock()
 
     def take(self, n: int, stop: threading.Event) -> None:
         if self.rate <= 0:
             return
-        now = time.monotonic()
-        self._allowance = min(float(self.rate), self._allowance + (now - self._last) * self.rate)
-        self._last = now
-        self._allowance -= n
-        if self._allowance < 0 and stop.wait(-self._allowance / self.rate):
+        with self._lock:
+            now = time.monotonic()
+            allowance = self._allowance + (now - self._last) * self.rate
+            self._allowance = min(float(self.rate), allowance) - n
+            self._last = now
+            debt = -self._allowance
+        if debt > 0 and stop.wait(debt / self.rate):
             raise ConnectionLost("the copy was stopped")
 
 
@@ -213,7 +217,10 @@ class RecordSink:
                 last = self.until == self.size
                 self.volume.discard((self.target_size if last else self.until) - begin, begin)
         self.digest = digest.VolumeDigest(self.size, self.start, self.state, self.span)
-        self.sparse = SparseTarget(0 if self.delta else self.chunk, self.start)
+        # a part resumed at its end (complete) writes nothing: its end may be the volume's,
+        # inside a chunk
+        whole = self.delta or self.start == self.until
+        self.sparse = SparseTarget(0 if whole else self.chunk, self.start)
         self._last_offset = self.start
         self._last_time = time.monotonic()
 

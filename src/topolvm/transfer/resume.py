@@ -19,6 +19,7 @@ class JobMemory:
 
     source_id: str
     sent_until: int = 0
+    split: tuple[int, int] = (0, 0)  # a part's (count, unit); (0, 0): the whole volume
     boundaries: OrderedDict[int, bytes] = field(default_factory=OrderedDict)
 
     def passed(self, offset: int, state: bytes) -> None:

@@ -116,7 +116,8 @@ class TransferServer:
         self.port_limits = port or PortLimits()
         self.ssl: ssl.SSLContext | None = None  # made at start, with a fresh key
         self.fingerprint = ""
-        self._pool = ThreadPoolExecutor(max_workers=2 * limits.concurrency + 2,
+        # a stream holds a thread: every part of each copy may run at once (made as needed)
+        self._pool = ThreadPoolExecutor(max_workers=limits.concurrency * (plan.MAX_PARTS + 1) + 2,
                                         thread_name_prefix="transfer-send")  # fmt: skip
         self._door = Door(node, self.port_limits, metrics, self._arrived,
                           lambda: self.limits.io_timeout)  # fmt: skip
@@ -125,6 +126,7 @@ class TransferServer:
         # streams): its stop flag, its end, its connection
         self._streams: dict[str, tuple[threading.Event, asyncio.Future[Any], Conn]] = {}
         self._memory: OrderedDict[str, JobMemory] = OrderedDict()
+        self._throttles: dict[str, Throttle] = {}  # a copy's, shared by its streams
 
     @property
     def port(self) -> int:
@@ -222,17 +224,20 @@ class TransferServer:
         stop = threading.Event()
         slot: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._streams[key] = (stop, slot, conn)
+        throttle = self._throttles.setdefault(job.uid, Throttle(self.limits.bandwidth))
         try:
-            await self._send(conn, job, hello, stop, ctx)
+            await self._send(conn, job, hello, stop, ctx, throttle)
         finally:
             stop.set()
             slot.set_result(None)
             if self._streams.get(key, (None,))[0] is stop:
                 del self._streams[key]
+            if not any(k.partition("/")[0] == job.uid for k in self._streams):
+                self._throttles.pop(job.uid, None)
 
     async def _send(
         self, conn: Conn, job: Job, hello: messages.Hello, stop: threading.Event,
-        ctx: dict[str, Any],
+        ctx: dict[str, Any], throttle: Throttle,
     ) -> None:  # fmt: skip
         resume, part = hello.resume, hello.part
         reading = await self._reading(job)
@@ -243,9 +248,11 @@ class TransferServer:
                 span = plan.part(info.size, part.index, part.count, part.unit)
             except ValueError as e:
                 raise Refused("invalid", f"HELLO asks for {e}") from e
-        remembered = job.uid if part is None else f"{job.uid}/{part.index}/{part.count}/{part.unit}"
+        # one memory per part of a job (at most MAX_PARTS): another split forgets the old one
+        remembered = job.uid if part is None else f"{job.uid}/{part.index}"
+        split = (0, 0) if part is None else (part.count, part.unit)
         memory = self._memory.get(remembered)
-        if memory is not None and memory.source_id != info.uuid:
+        if memory is not None and (memory.source_id != info.uuid or memory.split != split):
             memory = None
         start, _ = (0, info.size) if span is None else span
         state: bytes | None = None
@@ -256,7 +263,7 @@ class TransferServer:
             else:
                 start, state, note = _checked(resume, info.size, memory, span)
         if memory is None:
-            memory = JobMemory(info.uuid)
+            memory = JobMemory(info.uuid, split=split)
         self._memory[remembered] = memory
         self._memory.move_to_end(remembered)
         while len(self._memory) > REMEMBERED_JOBS:
@@ -279,6 +286,7 @@ class TransferServer:
             stop,
             frozenset(hello.features),
             span,
+            throttle,
         )
         self.metrics.active.labels(self.node, "sender").inc()
         result = "failed"
@@ -320,10 +328,11 @@ class TransferServer:
     def _stream(
         self, conn: Conn, reading: Reading, accept: messages.Accept, state: bytes | None,
         memory: JobMemory, stop: threading.Event, features: frozenset[str] = frozenset(),
-        span: tuple[int, int] | None = None,
+        span: tuple[int, int] | None = None, throttle: Throttle | None = None,
     ) -> None:  # fmt: skip
         """Stream the source (or its part ``span``); ``features``: what the receiver's HELLO
-        asked for (ZDATA records when this node compresses too, its CPU time in END)."""
+        asked for (ZDATA records when this node compresses too, its CPU time in END);
+        ``throttle``: the copy's, shared by its streams."""
         began = time.thread_time()
         info = reading.source
         compressor = (
@@ -340,7 +349,7 @@ class TransferServer:
                                   base=base, span=span)  # fmt: skip
             source.digest.on_boundary = memory.passed
             conn.send_message(accept)
-            throttle = Throttle(self.limits.bandwidth)
+            throttle = throttle or Throttle(self.limits.bandwidth)
             scratch = memoryview(bytearray(wire.MAX_CONTROL))
             for kind, offset, length, payload in source.records():
                 if stop.is_set():
