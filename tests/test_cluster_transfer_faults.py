@@ -349,7 +349,7 @@ async def test_a_copy_goes_on_while_its_source_port_is_crowded(
     # again, from its address on b's link
     idle, garbage = [host_address(a.index)] * 200, [host_address(b.index)] * 200
     async with Crowd(endpoint, idle, garbage) as crowd:
-        await _copying(cluster_client, target, past=(started.copy.checkpoint_offset + 8 * MiB))
+        await _copying(cluster_client, target, past=durable(started.copy) + 8 * MiB)
     assert len(crowd.lived) == 200 and max(crowd.lived) < HANDSHAKE_TIMEOUT + 3, crowd.lived
     assert crowd.garbage_sent >= 200
     done = await _done(cluster_client, target, pair)

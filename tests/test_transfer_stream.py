@@ -48,12 +48,14 @@ def _write_volume(path: Path, size: int, seed: int, data_every: int = 3) -> list
 class FakeVolumes:
     def __init__(self, volumes: dict[str, tuple[Path, list[tuple[int, int]] | None]]) -> None:
         self.volumes = volumes
+        self.mapped_reads = 0  # lvmd reads a thin pool's metadata for each
 
     async def describe(self, name: str, device_class: str, with_uuid: bool = False) -> VolumeInfo:
         path, mapped = self.volumes[name]
         return VolumeInfo(str(path), path.stat().st_size, mapped is not None, 65536, SOURCE_ID)
 
     async def mapped(self, name: str, device_class: str) -> list[tuple[int, int]] | None:
+        self.mapped_reads += 1
         return self.volumes[name][1]
 
     async def changed(
@@ -73,7 +75,9 @@ class Server:
     ) -> None:  # fmt: skip
         self.source = tmp / "source"
         self.mapped = _write_volume(self.source, 24 * MiB + 65536, seed=1, data_every=data_every)
-        volumes = FakeVolumes({"src": (self.source, self.mapped if mapped else None)})
+        self.volumes = volumes = FakeVolumes(
+            {"src": (self.source, self.mapped if mapped else None)}
+        )
         self.refuse = refuse
 
         async def authorise(hello: messages.Hello) -> Job:

@@ -70,6 +70,7 @@ log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT = PortLimits().deadline
 AUTHORISING_PER_PEER = PortLimits().authorising_per_peer
 REMEMBERED_JOBS = 256
+MAPPED_KEPT = 8  # sources whose mapped ranges are kept
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,9 @@ class TransferServer:
         self._streams: dict[str, tuple[threading.Event, asyncio.Future[Any], Conn]] = {}
         self._memory: OrderedDict[str, JobMemory] = OrderedDict()
         self._throttles: dict[str, Throttle] = {}  # a copy's, shared by its streams
+        # a thin source's mapped ranges by its LVM uuid: a cut or a snapshot never changes, and
+        # the streams of a copy in several would each have lvmd read the pool's metadata
+        self._mapped: OrderedDict[str, list[tuple[int, int]] | None] = OrderedDict()
 
     @property
     def port(self) -> int:
@@ -313,8 +317,7 @@ class TransferServer:
                                      f"the source {job.volume} {info.size}")  # fmt: skip
         try:
             if base is None:
-                mapped = await self.volumes.mapped(job.volume, dc) if info.thin else None
-                return Reading(info, mapped)
+                return Reading(info, await self._mapped_of(job, info) if info.thin else None)
             alike = info.thin == base.thin
             changed = (
                 await self.volumes.changed(job.volume, job.base, dc, thin=info.thin)
@@ -324,6 +327,17 @@ class TransferServer:
         except TransferError as e:
             raise Refused("unavailable", f"the source cannot be read now: {e}") from e
         return Reading(info, changed, base)
+
+    async def _mapped_of(self, job: Job, info: VolumeInfo) -> list[tuple[int, int]] | None:
+        if info.uuid in self._mapped:
+            self._mapped.move_to_end(info.uuid)
+            return self._mapped[info.uuid]
+        mapped = await self.volumes.mapped(job.volume, job.device_class)
+        if info.uuid:
+            self._mapped[info.uuid] = mapped
+            while len(self._mapped) > MAPPED_KEPT:
+                self._mapped.popitem(last=False)
+        return mapped
 
     def _stream(
         self, conn: Conn, reading: Reading, accept: messages.Accept, state: bytes | None,
