@@ -349,7 +349,9 @@ async def test_a_copy_goes_on_while_its_source_port_is_crowded(
     # again, from its address on b's link
     idle, garbage = [host_address(a.index)] * 200, [host_address(b.index)] * 200
     async with Crowd(endpoint, idle, garbage) as crowd:
-        await _copying(cluster_client, target, past=durable(started.copy) + 8 * MiB)
+        # the copy goes on meanwhile: its streams' checkpoints come together every 5 s, 15 MiB
+        # each at the cap: 24 MiB more is the next round of both, or the next two of one
+        await _copying(cluster_client, target, past=durable(started.copy) + 24 * MiB)
     assert len(crowd.lived) == 200 and max(crowd.lived) < HANDSHAKE_TIMEOUT + 3, crowd.lived
     assert crowd.garbage_sent >= 200
     done = await _done(cluster_client, target, pair)

@@ -81,3 +81,17 @@ def test_a_port_advertised_on_the_nodes_own_address_is_told_apart() -> None:
     assert not node_address(node, "10.244.1.7")
     for odd in (None, {}, {"status": None}, {"status": {"addresses": [None, "x"]}}):
         assert not node_address(odd, "10.0.0.5")
+
+
+def test_a_nodes_streams_per_copy_default_to_its_cpus_and_a_count_out_of_range_is_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(node_cli.os, "cpu_count", lambda: 2)
+    assert _options().transfer.limits.streams == 2
+    monkeypatch.setattr(node_cli.os, "cpu_count", lambda: 64)
+    assert _options().transfer.limits.streams == node_cli.AUTO_STREAMS
+    assert _options("--transfer-streams=1").transfer.limits.streams == 1
+    assert _options("--transfer-streams=16").transfer.limits.streams == 16
+    for wrong in ("17", "-1"):
+        with pytest.raises(ConfigError, match="--transfer-streams takes 0 to 16"):
+            _options(f"--transfer-streams={wrong}")
