@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -86,9 +87,9 @@ def test_a_port_advertised_on_the_nodes_own_address_is_told_apart() -> None:
 def test_a_nodes_streams_per_copy_default_to_its_cpus_and_a_count_out_of_range_is_an_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(node_cli.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
     assert _options().transfer.limits.streams == 2
-    monkeypatch.setattr(node_cli.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
     assert _options().transfer.limits.streams == node_cli.AUTO_STREAMS
     assert _options("--transfer-streams=1").transfer.limits.streams == 1
     assert _options("--transfer-streams=16").transfer.limits.streams == 16
