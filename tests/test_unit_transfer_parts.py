@@ -77,3 +77,27 @@ def test_a_status_keeps_each_parts_checkpoint_and_the_progress_they_hold() -> No
     bad = CopyStatus.from_dict({"streams": {"count": "x", "checkpoints": [1, {"index": "y"}]}})
     assert bad is not None and bad.part_count == 0
     assert bad.part_checkpoints == (PartCheckpoint(0, 0, 0, 0, "", ""),)
+
+
+@given(st.integers(1, 10 << 30), st.integers(1, plan.MAX_PARTS), st.sampled_from([6.0, 30.0]))
+def test_a_capped_copys_streams_each_get_a_record_well_within_the_io_timeout(
+    rate: int, streams: int, io_timeout: float
+) -> None:
+    """The streams of a capped copy take turns at its budget: its pieces are cut so that each
+    stream's next record comes within a quarter of the receiver's I/O timeout (down to the
+    smallest piece), and never cross a segment."""
+    step = plan.capped_step(rate, streams, io_timeout)
+    assert plan.PIECE_LEAST <= step <= MiB and step % plan.PIECE_LEAST == 0
+    if step > plan.PIECE_LEAST:
+        assert streams * step / rate <= io_timeout / 4
+    assert plan.capped_step(0, streams, io_timeout) == MiB
+
+
+def test_pieces_of_a_step_cover_the_ranges_without_crossing_a_segment() -> None:
+    step = 192 << 10
+    pieces = list(plan.mapped(4 * MiB, [(0, 64 << 10), (MiB - (64 << 10), 2 * MiB)], 0, step))
+    reads = [(p.offset, p.length) for p in pieces if p.read]
+    assert all(length <= step for _, length in reads)
+    assert all(o // MiB == (o + n - 1) // MiB for o, n in reads)
+    assert sum(n for _, n in reads) == (64 << 10) + 2 * MiB
+    assert sum(p.length for p in pieces) == 4 * MiB

@@ -249,7 +249,8 @@ class CopyJobs:
             if parts is not None:
                 resumes = {p.index: streams.PartPoint(p.begin, p.end, client.Checkpoint(
                                p.offset, bytes.fromhex(p.digest), p.source_id))
-                           for p in kept if p.source_id and _hex256(p.digest)}  # fmt: skip
+                           for p in kept if p.source_id and _hex256(p.digest)
+                           and 0 <= p.index < parts.count}  # fmt: skip
                 return streams.receive_parts(
                     endpoint, hello, target, parts, resumes,
                     self.report.part_persister(run, loop), self.report.progress(run), stop,

@@ -129,6 +129,8 @@ def _fill(
     if accept.offset != begin and (resume is None or accept.offset != resume.offset):
         raise ProtocolError(f"ACCEPT at {accept.offset}, which was not asked for")
     state = bytes.fromhex(resume.digest) if resume is not None and accept.offset != begin else None
+    if stop.is_set():  # before the target is touched (a part starting over clears its range)
+        raise ConnectionLost("the copy was stopped")
 
     def checkpoint(offset: int, digest: bytes) -> None:
         persist(Checkpoint(offset, digest, accept.source_id))

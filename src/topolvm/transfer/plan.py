@@ -35,33 +35,51 @@ def grid(chunk: int) -> int:
     return SEGMENT if chunk <= 0 else math.lcm(SEGMENT, chunk)
 
 
-def _reads(offset: int, end: int) -> Iterator[Piece]:
+def _reads(offset: int, end: int, step: int = SEGMENT) -> Iterator[Piece]:
     while offset < end:
-        stop = min(end, (offset // SEGMENT + 1) * SEGMENT)
+        stop = min(end, (offset // SEGMENT + 1) * SEGMENT, offset + step)
         yield Piece(True, offset, stop - offset)
         offset = stop
 
 
-def full(size: int, start: int = 0) -> Iterator[Piece]:
-    """Every byte from ``start``, read in segment pieces."""
-    return _reads(start, size)
+def full(size: int, start: int = 0, step: int = SEGMENT) -> Iterator[Piece]:
+    """Every byte from ``start``, read in segment pieces (of ``step`` bytes at most)."""
+    return _reads(start, size, step)
 
 
-def mapped(size: int, ranges: Iterable[tuple[int, int]], start: int = 0) -> Iterator[Piece]:
+def mapped(
+    size: int, ranges: Iterable[tuple[int, int]], start: int = 0, step: int = SEGMENT
+) -> Iterator[Piece]:
     """The mapped ``ranges`` from ``start`` as READ pieces, the gaps between them as ZERO.
     Ranges must be sorted and must not overlap; parts past ``size`` are dropped."""
-    return _split(size, ranges, start, keep=False)
+    return _split(size, ranges, start, keep=False, step=step)
 
 
-def delta(size: int, changed: Iterable[tuple[int, int]], start: int = 0) -> Iterator[Piece]:
+def delta(
+    size: int, changed: Iterable[tuple[int, int]], start: int = 0, step: int = SEGMENT
+) -> Iterator[Piece]:
     """The ``changed`` ranges from ``start`` as READ pieces, the gaps between them as KEEP.
     Ranges must be sorted and must not overlap; parts past ``size`` are dropped."""
-    return _split(size, changed, start, keep=True)
+    return _split(size, changed, start, keep=True, step=step)
+
+
+PIECE_LEAST = 64 << 10  # the smallest READ piece a capped copy is cut into
+
+
+def capped_step(rate: int, streams: int, io_timeout: float) -> int:
+    """The largest READ piece of a copy capped at ``rate`` bytes per second (0: none) in
+    ``streams`` streams: each stream's records then come within a quarter of the receiver's
+    I/O timeout (the streams take turns at the copy's budget)."""
+    if rate <= 0:
+        return SEGMENT
+    fits = int(rate * io_timeout / 4 / max(streams, 1)) // PIECE_LEAST * PIECE_LEAST
+    return max(PIECE_LEAST, min(SEGMENT, fits))
 
 
 def _split(
-    size: int, ranges: Iterable[tuple[int, int]], start: int, *, keep: bool
-) -> Iterator[Piece]:
+    size: int, ranges: Iterable[tuple[int, int]], start: int, *, keep: bool,
+    step: int = SEGMENT,
+) -> Iterator[Piece]:  # fmt: skip
     pos = start
     last_end = 0
     for offset, length in ranges:
@@ -73,7 +91,7 @@ def _split(
             continue
         if begin > pos:
             yield Piece(False, pos, begin - pos, keep)
-        yield from _reads(begin, end)
+        yield from _reads(begin, end, step)
         pos = end
     if pos < size:
         yield Piece(False, pos, size - pos, keep)

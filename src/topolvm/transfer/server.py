@@ -70,7 +70,6 @@ log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT = PortLimits().deadline
 AUTHORISING_PER_PEER = PortLimits().authorising_per_peer
 REMEMBERED_JOBS = 256
-MAPPED_KEPT = 8  # sources whose mapped ranges are kept
 
 
 @dataclass(frozen=True)
@@ -82,12 +81,13 @@ class Reading:
     ranges: list[tuple[int, int]] | None = None
     base: VolumeInfo | None = None
 
-    def pieces(self, start: int, end: int) -> Iterator[plan.Piece]:
-        """From ``start`` up to ``end`` (the volume's size, or the end of a stream's part)."""
+    def pieces(self, start: int, end: int, step: int = wire.SEGMENT) -> Iterator[plan.Piece]:
+        """From ``start`` up to ``end`` (the volume's size, or the end of a stream's part), in
+        READ pieces of ``step`` bytes at most."""
         if self.ranges is None:
-            return plan.full(end, start)
+            return plan.full(end, start, step)
         split = plan.delta if self.base is not None else plan.mapped
-        return split(end, self.ranges, start)
+        return split(end, self.ranges, start, step)
 
     def kind(self) -> str:
         if not self.source.thin:
@@ -128,9 +128,10 @@ class TransferServer:
         self._streams: dict[str, tuple[threading.Event, asyncio.Future[Any], Conn]] = {}
         self._memory: OrderedDict[str, JobMemory] = OrderedDict()
         self._throttles: dict[str, Throttle] = {}  # a copy's, shared by its streams
-        # a thin source's mapped ranges by its LVM uuid: a cut or a snapshot never changes, and
-        # the streams of a copy in several would each have lvmd read the pool's metadata
-        self._mapped: OrderedDict[str, list[tuple[int, int]] | None] = OrderedDict()
+        # the thin source's mapped ranges (and its LVM uuid) of the copies that streamed last,
+        # as many as may stream at once: a cut or a snapshot never changes, and each stream of
+        # a copy in several would have lvmd read the pool's metadata again
+        self._mapped: OrderedDict[str, tuple[str, list[tuple[int, int]] | None]] = OrderedDict()
 
     @property
     def port(self) -> int:
@@ -291,6 +292,7 @@ class TransferServer:
             frozenset(hello.features),
             span,
             throttle,
+            1 if part is None else part.count,
         )
         self.metrics.active.labels(self.node, "sender").inc()
         result = "failed"
@@ -329,24 +331,25 @@ class TransferServer:
         return Reading(info, changed, base)
 
     async def _mapped_of(self, job: Job, info: VolumeInfo) -> list[tuple[int, int]] | None:
-        if info.uuid in self._mapped:
-            self._mapped.move_to_end(info.uuid)
-            return self._mapped[info.uuid]
+        uuid, known = self._mapped.get(job.uid, ("", None))
+        if uuid and uuid == info.uuid:
+            self._mapped.move_to_end(job.uid)
+            return known
         mapped = await self.volumes.mapped(job.volume, job.device_class)
         if info.uuid:
-            self._mapped[info.uuid] = mapped
-            while len(self._mapped) > MAPPED_KEPT:
+            self._mapped[job.uid] = (info.uuid, mapped)
+            while len(self._mapped) > self.limits.concurrency:
                 self._mapped.popitem(last=False)
         return mapped
 
     def _stream(
         self, conn: Conn, reading: Reading, accept: messages.Accept, state: bytes | None,
         memory: JobMemory, stop: threading.Event, features: frozenset[str] = frozenset(),
-        span: tuple[int, int] | None = None, throttle: Throttle | None = None,
+        span: tuple[int, int] | None = None, throttle: Throttle | None = None, streams: int = 1,
     ) -> None:  # fmt: skip
         """Stream the source (or its part ``span``); ``features``: what the receiver's HELLO
         asked for (ZDATA records when this node compresses too, its CPU time in END);
-        ``throttle``: the copy's, shared by its streams."""
+        ``throttle``: the copy's, shared by its ``streams``."""
         began = time.thread_time()
         info = reading.source
         compressor = (
@@ -359,8 +362,9 @@ class TransferServer:
             if reading.base is not None:
                 base = Volume(reading.base.path, writable=False)
             start, until = accept.offset, info.size if span is None else span[1]
-            source = RecordSource(volume, info.size, reading.pieces(start, until), start, state,
-                                  base=base, span=span)  # fmt: skip
+            step = plan.capped_step(self.limits.bandwidth, streams, self.limits.io_timeout)
+            source = RecordSource(volume, info.size, reading.pieces(start, until, step), start,
+                                  state, base=base, span=span)  # fmt: skip
             source.digest.on_boundary = memory.passed
             conn.send_message(accept)
             throttle = throttle or Throttle(self.limits.bandwidth)
