@@ -34,7 +34,7 @@ from devtools.testbed.driver import DriverStack
 from devtools.testbed.umlnode import UmlNode
 from tests.cluster_fixtures import unique
 from tests.helpers import eventually
-from tests.lvm_fixtures import THICK
+from tests.lvm_fixtures import THICK, THIN
 from tests.provisioning import shared_nodes
 from tests.transfer_helpers import MiB, metric
 from tests.transfer_port_helpers import Crowd
@@ -69,8 +69,12 @@ LV = api.logicalvolume_resource(NORMAL)
 def pair(
     control_plane: ControlPlane, driver: DriverStack, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[UmlNode]]:
+    def pool(node: UmlNode) -> None:
+        node.lvm("lvcreate", "-T", "vg1/pool0", "-L", "1g")
+
     with shared_nodes(
-        control_plane, tmp_path_factory.mktemp("xfault"), "xfault", [4, 4], [THICK],
+        control_plane, tmp_path_factory.mktemp("xfault"), "xfault", [4, 4], [THICK, THIN],
+        prepare=pool,
         extra=[f"--transfer-bandwidth={RATE}", "--transfer-io-timeout=6",
                f"--transfer-streams={STREAMS}"], kubelet=False,
     ) as nodes:  # fmt: skip
@@ -95,8 +99,11 @@ async def lvs(
     await eventually("the test's LogicalVolumes deleted", gone, timeout=120)
 
 
-def _lv_object(name: str, node: str, copy_source: str = "") -> dict[str, Any]:
-    spec: dict[str, Any] = {"name": name, "nodeName": node, "size": str(SIZE), "deviceClass": "ssd"}
+def _lv_object(
+    name: str, node: str, copy_source: str = "", device_class: str = "ssd"
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {"name": name, "nodeName": node, "size": str(SIZE),
+                            "deviceClass": device_class}  # fmt: skip
     if copy_source:
         spec["copy"] = {"source": copy_source}
     return {"apiVersion": "topolvm.io/v1", "kind": "LogicalVolume", "metadata": {"name": name},
@@ -175,11 +182,50 @@ async def _done(client: AsyncClient, name: str, nodes: list[UmlNode]) -> Logical
     return result
 
 
-async def _copy(cp: ControlPlane, source: str, node: UmlNode, made: list[str]) -> str:
+async def _copy(
+    cp: ControlPlane, source: str, node: UmlNode, made: list[str], device_class: str = "ssd"
+) -> str:
     name = unique("copy")
     made.append(name)
-    cp.apply(_lv_object(name, node.name, copy_source=source))
+    cp.apply(_lv_object(name, node.name, copy_source=source, device_class=device_class))
     return name
+
+
+async def test_a_thin_copy_in_two_streams_is_sparse_where_its_source_is(
+    control_plane: ControlPlane, pair: list[UmlNode], cluster_client: AsyncClient,
+    lvs: list[str],
+) -> None:  # fmt: skip
+    """A thin source with data and holes in each stream's part (0-64 MiB and 64-128 MiB): the
+    target holds its bytes, maps as much of its pool as the source does (the holes stay
+    unmapped), and only the data travelled."""
+    a, b = pair
+    name = unique("thinsrc")
+    lvs.append(name)
+    control_plane.apply(_lv_object(name, a.name, device_class="thin"))
+
+    async def created() -> LogicalVolumeObject | None:
+        lv = await _get(cluster_client, name)
+        return lv if lv is not None and lv.volume_id else None
+
+    source = await eventually(f"{name} created", created, timeout=60)
+    for mib in (0, 24, 40, 72, 100, 120):
+        a.exec("dd", "if=/dev/urandom", f"of=/dev/vg1/{source.volume_id}", "bs=1M", "count=2",
+               f"seek={mib}", "oflag=direct")  # fmt: skip
+    sent_before = metric(a, "topolvm_transfer_data_bytes_total", role="sender")
+    target = await _copy(control_plane, name, b, lvs, device_class="thin")
+    done = await _done(cluster_client, target, pair)
+    assert done.copy is not None and done.copy.part_count == STREAMS, done.copy
+    assert _digest(b, done.volume_id) == _digest(a, source.volume_id)
+    mapped = _mapped_share(a, source.volume_id)
+    assert mapped == _mapped_share(b, done.volume_id) and 0 < mapped < 0.15, mapped
+    sent = metric(a, "topolvm_transfer_data_bytes_total", role="sender") - sent_before
+    assert sent == 12 * MiB, sent
+
+
+def _mapped_share(node: UmlNode, uid: str) -> float:
+    """The share of a thin volume its pool maps (lvs data_percent)."""
+    out = node.lvm("lvs", "--noheadings", "-o", "data_percent", f"vg1/{uid}")
+    return float(out.strip()) / 100
 
 
 @pytest.mark.parametrize("victim", ["receiver", "sender"])
