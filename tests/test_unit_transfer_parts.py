@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from topolvm.k8s.lvobject import CopyStatus, PartCheckpoint
 from topolvm.node.copyreport import copy_patch, resumed
 from topolvm.transfer import digest, messages, plan
+from topolvm.transfer.errors import ConnectionLost, DigestMismatch
+from topolvm.transfer.streams import PartFailures
 
 MiB = 1 << 20
 
@@ -101,3 +103,16 @@ def test_pieces_of_a_step_cover_the_ranges_without_crossing_a_segment() -> None:
     assert all(o // MiB == (o + n - 1) // MiB for o, n in reads)
     assert sum(n for _, n in reads) == (64 << 10) + 2 * MiB
     assert sum(p.length for p in pieces) == 4 * MiB
+
+
+def test_a_copys_error_is_the_one_no_retry_mends_then_a_parts_own() -> None:
+    failures = PartFailures()
+    assert failures.first() is None
+    cut = ConnectionLost("link cut")
+    failures.add(cut, False)
+    failures.add(ConnectionLost("the copy was stopped"), True)
+    assert failures.first() is cut
+    # a digest that differs, found while the others stop, is the copy's: it fails for good
+    differs = DigestMismatch("the data written is not the data read")
+    failures.add(differs, True)
+    assert failures.first() is differs

@@ -79,7 +79,7 @@ class _Progress:
         return progress
 
 
-class _Failures:
+class PartFailures:
     """The parts' failures in the order they happened, each marked if it came after the copy
     was told to stop (a consequence of another part's failure, or of the caller's stop)."""
 
@@ -92,10 +92,11 @@ class _Failures:
             self.seen.append((error, stopping))
 
     def first(self) -> BaseException | None:
-        """The copy's error: a part's own failure rather than a stop it caused, one that no
-        retry mends (a digest that differs, a refusal for good) before a transient one."""
+        """The copy's error: one that no retry mends (a digest that differs, a refusal for
+        good) whenever it came, as no stop causes one; else a part's own failure rather than
+        a stop it caused."""
+        lasting = [e for e, _ in self.seen if isinstance(e, TransferError) and not e.transient]
         own = [e for e, stopping in self.seen if not stopping] or [e for e, _ in self.seen]
-        lasting = [e for e in own if isinstance(e, TransferError) and not e.transient]
         return (lasting or own or [None])[0]
 
 
@@ -115,7 +116,7 @@ def receive_parts(
     inner = threading.Event()  # set: every part stops at its next record
     answered = [threading.Event() for _ in range(count)]
     summed = _Progress(count, progress)
-    failures = _Failures()
+    failures = PartFailures()
     points = dict(resumes)  # those of another split go at the first ACCEPT
 
     def void_other_splits(size: int) -> None:
