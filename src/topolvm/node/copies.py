@@ -361,10 +361,11 @@ class CopyJobs:
                     writer.close()
 
         digest = await self._in_thread(work, stop)
-        await self.report.done(run, digest, f"{source.name} on this node")
-        if source.access_type != "ro":
+        if source.access_type != "ro":  # the data is synced: the cut goes before Done says so
+            # (a volume handed out leaves nothing behind; the sweep takes one lvmd kept)
             with contextlib.suppress(TransferError):
                 await self.cuts.remove(lv.uid, source.device_class)
+        await self.report.done(run, digest, f"{source.name} on this node")
 
     async def _in_thread(self, work: Any, stop: threading.Event) -> Any:
         """``work`` in a worker thread; cancelled, it is told to stop and waited for: it
