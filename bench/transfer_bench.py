@@ -36,7 +36,7 @@ import time
 from typing import Any
 
 from bench.outcome import run_kept, save
-from devtools import gobuild, umlkernel
+from devtools import gobuild, uml, umlkernel
 from devtools.testbed.bed import CLUSTER_BINARIES, THICK, VG, Testbed
 from devtools.testbed.controlplane import ControlPlane
 from devtools.testbed.process import HarnessError, enter_private_netns
@@ -280,6 +280,23 @@ def report(results: dict[str, Any]) -> None:
     print(move_line)
 
 
+def disks_where(size: int) -> str:
+    """Where the guests' disk images go. They are in memory (/dev/shm) by default, and the
+    bench writes about 3 volumes' worth on each node (a source, a dd target, the move's volume;
+    a removed LV's blocks stay in the image). More than memory holds with room to spare, and
+    the host would swap its guests out: then they go under .cache (the host's page cache still
+    holds what fits)."""
+    if chosen := os.environ.get(uml.DISK_DIR_ENV):
+        return chosen
+    need = 7 * size + 4 * GiB  # both nodes' writes and their guests' memory
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and shutil.disk_usage(shm).free > need:
+        return shm
+    folder = str(gobuild.ROOT / ".cache" / "bench" / "disks")
+    os.environ[uml.DISK_DIR_ENV] = folder
+    return folder
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gib", type=float, default=4.0, help="volume size (default 4 GiB)")
@@ -296,6 +313,7 @@ def main() -> int:
     enter_private_netns()
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     shutil.rmtree(WORKDIR, ignore_errors=True)
+    print(f"the guests' disks: {disks_where(size)}", flush=True)
     vg = max(8.0, 4 * args.gib + 3)
 
     def run() -> dict[str, Any]:

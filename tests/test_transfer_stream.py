@@ -11,6 +11,7 @@ import asyncio
 import os
 import random
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -19,7 +20,13 @@ import pytest
 from topolvm.transfer import messages, pipeline, plan, wire
 from topolvm.transfer.blockio import Volume
 from topolvm.transfer.client import Checkpoint, Endpoint, Outcome, receive
-from topolvm.transfer.errors import DigestMismatch, PeerMismatch, Refused, TransferError
+from topolvm.transfer.errors import (
+    ConnectionLost,
+    DigestMismatch,
+    PeerMismatch,
+    Refused,
+    TransferError,
+)
 from topolvm.transfer.jobs import Job, Limits, VolumeInfo
 from topolvm.transfer.metrics import TransferMetrics
 from topolvm.transfer.server import TransferServer
@@ -168,6 +175,25 @@ async def test_a_receiver_waits_for_accept_longer_than_for_a_byte_of_the_stream(
     target = _target(tmp_path, size + 4 * MiB)
     await _receive(s, target, timeout=1.0)
     assert Path(target.path).read_bytes()[:size] == s.source.read_bytes()
+
+
+async def test_a_copy_stopped_while_it_waits_for_accept_ends_at_once_and_writes_nothing(
+    server: MakeServer, tmp_path: Path
+) -> None:
+    """The source takes a minute before ACCEPT; the copy is stopped (its LogicalVolume deleted,
+    say) a moment into that wait: the receiver ends within a second, its target untouched,
+    instead of sitting out the wait."""
+    s = await server(mapped=True, slow=60.0)
+    size = s.source.stat().st_size
+    target = _target(tmp_path, size)
+    before = Path(target.path).read_bytes()
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    began = time.monotonic()
+    with pytest.raises(ConnectionLost, match="stopped"):
+        await _receive(s, target, stop=stop, timeout=30.0)
+    assert time.monotonic() - began < 5.0  # the wait for ACCEPT alone would be 120 s
+    assert Path(target.path).read_bytes() == before
 
 
 async def test_a_job_connecting_again_ends_its_stalled_earlier_stream_at_once(

@@ -108,9 +108,8 @@ def receive(
     conn = connect(endpoint, timeout)
     try:
         conn.send_message(hello)
-        conn.sock.settimeout(accept_wait(timeout))
+        conn.wait(stop, accept_wait(timeout))  # a stop ends the wait, not only the ACCEPT
         accept = conn.recv_message(messages.Accept)
-        conn.sock.settimeout(timeout)
         accepted(accept)
         return _fill(conn, hello, accept, target, persist, progress, stop, fresh)
     finally:

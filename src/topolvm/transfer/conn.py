@@ -15,6 +15,8 @@ import contextlib
 import select
 import socket
 import ssl
+import threading
+import time
 from typing import TypeVar, cast
 
 from topolvm.transfer import messages, wire
@@ -50,6 +52,7 @@ class Conn:
         else:
             self._obj, self._in, self._out = tls
         self._header = bytearray(wire.HEADER_SIZE)
+        self._ahead = bytearray()  # plaintext :meth:`wait` read before a receive asked
         self._inbuf = memoryview(bytearray(RECV))
         self.sent = 0  # bytes of frames sent, and received
         self.received = 0
@@ -142,6 +145,10 @@ class Conn:
 
     def _recv_into(self, view: memoryview) -> None:
         done = 0
+        if self._ahead:
+            done = min(len(view), len(self._ahead))
+            view[:done] = self._ahead[:done]
+            del self._ahead[:done]
         while done < len(view):
             if self._obj is None:
                 n = self._in.read(len(view) - done)
@@ -178,9 +185,43 @@ class Conn:
         raise_if_refused(header, body)
         return messages.decode(header.kind, body, expected)
 
+    def wait(self, stop: threading.Event, seconds: float, step: float = 0.5) -> None:
+        """Until the next frame starts to arrive: :class:`ConnectionLost` once ``stop`` is set
+        (looked at every ``step`` seconds) or after ``seconds`` without one. For the long wait
+        before an ACCEPT, which a stopped copy must not sit out."""
+        deadline = time.monotonic() + seconds
+        while not self._ahead:
+            if stop.is_set():
+                raise ConnectionLost(f"{self.peer}: the copy was stopped")
+            if self._obj is None:
+                if self._in.pending:
+                    return
+            else:
+                try:  # what arrived may be TLS's own (a session ticket), not a frame yet
+                    got = self._obj.read(wire.HEADER_SIZE)
+                    if not got:
+                        raise ConnectionLost(f"{self.peer}: connection closed")
+                    self._ahead += got
+                    continue
+                except ssl.SSLWantReadError:
+                    pass
+                except ssl.SSLZeroReturnError as e:
+                    raise ConnectionLost(f"{self.peer}: connection closed") from e
+                except ssl.SSLError as e:
+                    raise self._io_error(e) from e
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ConnectionLost(f"{self.peer}: no data for {seconds:g}s")
+            try:
+                ready = select.select([self.sock], [], [], min(step, left))[0]
+            except (OSError, ValueError):
+                ready = [self.sock]  # the read reports it
+            if ready:
+                self._fill()
+
     def readable(self) -> bool:
         """Whether a frame (or part of one) has arrived, without blocking."""
-        if self._in.pending or (self._obj is not None and self._obj.pending()):
+        if self._ahead or self._in.pending or (self._obj is not None and self._obj.pending()):
             return True
         try:
             ready, _, _ = select.select([self.sock], [], [], 0)
