@@ -8,8 +8,11 @@ moves, and a digest that differs fails it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
+import socket
+import ssl
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -30,6 +33,7 @@ from topolvm.transfer.errors import (
 from topolvm.transfer.jobs import Job, Limits, VolumeInfo
 from topolvm.transfer.metrics import TransferMetrics
 from topolvm.transfer.server import TransferServer
+from topolvm.transfer.tls import client_context
 
 MiB = 1 << 20
 UID = "0b4f5c7e-1111-4222-8333-123456789abc"
@@ -395,3 +399,23 @@ async def test_a_peer_that_stalls_its_handshake_is_cut_off(server: MakeServer) -
     closed = await asyncio.wait_for(trickle(), 30)
     assert closed == b""  # the server closed the connection
     writer.close()
+
+
+async def test_a_peer_that_ends_its_tls_session_before_hello_holds_nothing(
+    server: MakeServer, tmp_path: Path
+) -> None:
+    """A peer completes the TLS handshake (no credential needed for that) and sends a
+    close_notify instead of its HELLO: the sender drops it, and a copy started right after
+    still runs (the read of a HELLO that will never come does not spin)."""
+    s = await server(mapped=True)
+
+    def close_at_once() -> None:
+        raw = socket.create_connection(("127.0.0.1", s.server.port), timeout=5)
+        with client_context().wrap_socket(raw) as tls, contextlib.suppress(OSError, ssl.SSLError):
+            tls.unwrap()  # close_notify; the sender's own one, or its close, answers
+
+    await asyncio.to_thread(close_at_once)
+    size = s.source.stat().st_size
+    target = _target(tmp_path, size)
+    await asyncio.wait_for(_receive(s, target), 30)
+    assert Path(target.path).read_bytes() == s.source.read_bytes()

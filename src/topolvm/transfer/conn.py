@@ -160,13 +160,17 @@ class Conn:
                 continue
             try:
                 # with a buffer, read() fills it and returns a count (typeshed says bytes)
-                done += cast(int, self._obj.read(len(view) - done, view[done:]))
+                got = cast(int, self._obj.read(len(view) - done, view[done:]))
             except ssl.SSLWantReadError:
                 self._fill()
             except ssl.SSLZeroReturnError as e:
                 raise ConnectionLost(f"{self.peer}: connection closed") from e
             except ssl.SSLError as e:
                 raise self._io_error(e) from e
+            else:
+                if not got:  # the peer's close_notify: no byte will come (and no error either)
+                    raise ConnectionLost(f"{self.peer}: connection closed")
+                done += got
         self.received += done
 
     def recv(self, payload: memoryview) -> tuple[wire.Header, memoryview]:
@@ -212,22 +216,24 @@ class Conn:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ConnectionLost(f"{self.peer}: no data for {seconds:g}s")
-            try:
-                ready = select.select([self.sock], [], [], min(step, left))[0]
-            except (OSError, ValueError):
-                ready = [self.sock]  # the read reports it
-            if ready:
+            if self._socket_ready(min(step, left)):
                 self._fill()
+
+    def _socket_ready(self, seconds: float) -> bool:
+        """Whether the socket has bytes (or an end) to read within ``seconds``. poll, not
+        select: select cannot watch a descriptor above 1023, which a busy node may hand out."""
+        poller = select.poll()
+        try:
+            poller.register(self.sock, select.POLLIN)
+            return bool(poller.poll(max(0, int(seconds * 1000))))
+        except (OSError, ValueError):
+            return True  # a closed socket: the read reports it
 
     def readable(self) -> bool:
         """Whether a frame (or part of one) has arrived, without blocking."""
         if self._ahead or self._in.pending or (self._obj is not None and self._obj.pending()):
             return True
-        try:
-            ready, _, _ = select.select([self.sock], [], [], 0)
-        except (OSError, ValueError):
-            return True  # the next read reports it
-        return bool(ready)
+        return self._socket_ready(0)
 
 
 def raise_if_refused(header: wire.Header, body: memoryview) -> None:

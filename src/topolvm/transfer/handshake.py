@@ -76,7 +76,7 @@ class _Link:
         got = bytearray()
         while len(got) < size:
             try:
-                got += self.obj.read(size - len(got))
+                more = self.obj.read(size - len(got))
             except ssl.SSLWantReadError:
                 await self.flush()  # TLS 1.3 session tickets, say
                 await self.fill()
@@ -84,6 +84,10 @@ class _Link:
                 raise ConnectionLost(f"{self.peer}: connection closed") from e
             except ssl.SSLError as e:
                 raise ProtocolError(f"{self.peer}: {e}") from e
+            else:
+                if not more:  # a close_notify reads as nothing, not as an error: never spin
+                    raise ConnectionLost(f"{self.peer}: connection closed")
+                got += more
         return bytes(got)
 
 
