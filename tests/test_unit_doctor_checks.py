@@ -404,3 +404,31 @@ def test_a_claim_waiting_on_a_copy_shows_its_progress_or_names_the_unreachable_n
     gone = s.snapshot(*s.node("w2"), s.sc(), s.pvc("stuck"), _copying("stuck", "Pending", ""))
     [f] = run("copy-progress", gone)
     assert f.severity is Severity.ERROR and "node w1 is gone (no Node object)" in f.cause
+
+
+def test_a_restore_copied_without_the_pod_webhook_says_how_it_would_stay_local() -> None:
+    """A restore's copy in progress, with no pod hook of the plugin: the finding says that the
+    pod webhook would have placed the pod on the source's node. With the hook, or for a claim
+    that is not a restore (a move's), or when the webhooks could not be read: no such line."""
+    restored = s.pvc("restored")
+    restored[1]["spec"]["dataSource"] = {"apiGroup": "snapshot.storage.k8s.io",
+                                         "kind": "VolumeSnapshot", "name": "snap"}  # fmt: skip
+    objs = (*s.node("w1"), *s.node("w2"), s.sc(), s.lv("snap-1", "w1"), restored,
+            _copying("restored", "Copying", "copying snap-1 on w1"),
+            s.pvc("moved"), _copying("moved", "Copying", "copying snap-1 on w1"))  # fmt: skip
+
+    def hints(snap: Snapshot) -> dict[str, bool]:
+        return {f.title.split(" Pending")[0]: any("pod webhook" in x.summary for x in f.fixes)
+                for f in run("copy-progress", snap)}  # fmt: skip
+
+    without = s.snapshot(*objs)
+    assert hints(without) == {"PVC app/restored": True, "PVC app/moved": False}
+    [hint] = [x.summary for f in run("copy-progress", without) for x in f.fixes
+              if "pod webhook" in x.summary]  # fmt: skip
+    assert "node w2, not to its source's node w1" in hint
+    assert "webhook.podMutatingWebhook.enabled=true" in hint
+    assert hints(s.snapshot(*objs, s.hook())) == {"PVC app/restored": False,
+                                                  "PVC app/moved": False}  # fmt: skip
+    unread = s.snapshot(*objs)
+    unread.unreadable["webhooks"] = "forbidden"
+    assert hints(unread)["PVC app/restored"] is False

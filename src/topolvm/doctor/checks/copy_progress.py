@@ -103,18 +103,40 @@ def run(snap: Snapshot) -> list[Finding]:
                 subject, context,
             ))  # fmt: skip
             continue
+        fixes = [Fix("Nothing to fix: wait for it (the claim's Events show its progress).",
+                     (show,))]  # fmt: skip
+        if _restored(pvc) and _no_pod_hook(snap, names):
+            fixes.append(Fix(
+                f"Next time: this restore or clone is copied because its pod went to node "
+                f"{target_node}, not to its source's node {source_node}. With the pod webhook "
+                "on (the chart's webhook.podMutatingWebhook.enabled=true) a pod whose claim is "
+                "restored or cloned prefers the source's node when it may run there, and the "
+                "volume is then a local snapshot or clone, ready at once (docs/mobility.md, "
+                '"A restore stays local when it can").',
+            ))  # fmt: skip
         findings.append(Finding(
             ID, Severity.WARNING, f"{claim} Pending: a copy from node {source_node} fills its "
             f"volume, {_progress(copy)}",
             f"the claim binds once the copy onto node {target_node} is complete and verified",
-            evidence,
-            (Fix("Nothing to fix: wait for it (the claim's Events show its progress).", (show,)),),
-            subject, context,
+            evidence, tuple(fixes), subject, context,
         ))  # fmt: skip
     return findings
 
 
+def _restored(pvc: Obj) -> bool:
+    """A restore or a clone (not a move's claim: a move's copy fills a volume of its own)."""
+    spec = pvc.get("spec") or {}
+    return bool(spec.get("dataSource") or spec.get("dataSourceRef"))
+
+
+def _no_pod_hook(snap: Snapshot, names: Names) -> bool:
+    """Read, and none of ``names``' plugin: the restore got no preference for its source."""
+    if "webhooks" in snap.unreadable:
+        return False
+    return all(hooked.plugin != names.plugin for _, _, hooked in snap.pod_webhooks())
+
+
 CHECK = Check(
-    ID, 7, ("pvcs", "logicalvolumes", "legacy-logicalvolumes", "nodes", "pods"), run,
+    ID, 7, ("pvcs", "logicalvolumes", "legacy-logicalvolumes", "nodes", "pods", "webhooks"), run,
     "Pending PVCs that wait on a copy from another node: progress, or why it waits or failed",
 )  # fmt: skip
