@@ -429,6 +429,19 @@ def test_a_restore_copied_without_the_pod_webhook_says_how_it_would_stay_local()
     assert "webhook.podMutatingWebhook.enabled=true" in hint
     assert hints(s.snapshot(*objs, s.hook())) == {"PVC app/restored": False,
                                                   "PVC app/moved": False}  # fmt: skip
+    # webhooks that cannot be read: no hint, and the check still runs (it does not need them)
     unread = s.snapshot(*objs)
+    del unread.objects["webhooks"]
     unread.unreadable["webhooks"] = "forbidden"
     assert hints(unread)["PVC app/restored"] is False
+    report = diagnose(unread, Scope("app"))
+    assert sorted(f.title for f in report.findings if f.check == "copy-progress") == [
+        "PVC app/moved Pending: a copy from node w1 fills its volume, 30% (3.0 GiB of 10.0 GiB, "
+        "80.0 MiB/s)",
+        "PVC app/restored Pending: a copy from node w1 fills its volume, 30% (3.0 GiB of 10.0 "
+        "GiB, 80.0 MiB/s)",
+    ]
+    # a StorageClass whose restores may go anywhere: the webhook would not have preferred w1
+    anywhere = s.sc(params={"topolvm.io/restore-placement": "anywhere"})
+    others = tuple(o for o in objs if o[0] != "storageclasses")
+    assert hints(s.snapshot(*others, anywhere))["PVC app/restored"] is False

@@ -124,6 +124,12 @@ class Names:
         snapshot (implies ``other-node``)."""
         return f"{self.plugin}/snapshot-node-selector"
 
+    @property
+    def restore_placement_param(self) -> str:
+        """StorageClass or VolumeSnapshotClass parameter: ``source-node`` (the default: a
+        restore's or clone's pod prefers its source's node) or ``anywhere``."""
+        return f"{self.plugin}/restore-placement"
+
     def capacity_annotation(self, device_class: str) -> str:
         """Node/pod annotation key for a device class ("" is the default class)."""
         return self.capacity_prefix + (device_class or DEFAULT_DEVICE_CLASS_KEY)

@@ -64,7 +64,7 @@ def _map(value: Any) -> Mapping[str, Any]:
 def prefers_source(params: Any, names: Names, what: str = "parameters") -> bool:
     """Whether a StorageClass's or VolumeSnapshotClass's ``parameters`` keep the preference;
     raises :class:`PlacementValueError` (naming ``what``) for a value that is neither choice."""
-    key = restore_placement_param(names)
+    key = names.restore_placement_param
     value = _map(params).get(key, "") or SOURCE_NODE
     if value not in (SOURCE_NODE, ANYWHERE):
         raise PlacementValueError(
@@ -80,10 +80,6 @@ def placement_error(params: Any, names: Names, what: str) -> str:
     except PlacementValueError as e:
         return str(e)
     return ""
-
-
-def restore_placement_param(names: Names) -> str:
-    return f"{names.plugin}/restore-placement"
 
 
 def data_source(pvc: Obj) -> tuple[str, str] | None:

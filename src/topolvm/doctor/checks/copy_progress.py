@@ -105,7 +105,9 @@ def run(snap: Snapshot) -> list[Finding]:
             continue
         fixes = [Fix("Nothing to fix: wait for it (the claim's Events show its progress).",
                      (show,))]  # fmt: skip
-        if _restored(pvc) and _no_pod_hook(snap, names):
+        if source_node and _restored(pvc) and _no_pod_hook(snap, names) and _may_prefer(
+            snap, pvc, names
+        ):
             fixes.append(Fix(
                 f"Next time: this restore or clone is copied because its pod went to node "
                 f"{target_node}, not to its source's node {source_node}. With the pod webhook "
@@ -130,13 +132,21 @@ def _restored(pvc: Obj) -> bool:
 
 
 def _no_pod_hook(snap: Snapshot, names: Names) -> bool:
-    """Read, and none of ``names``' plugin: the restore got no preference for its source."""
-    if "webhooks" in snap.unreadable:
+    """Read, and none of ``names``' plugin: the restore got no preference for its source. (Not
+    a kind the check needs: without the webhooks the rest of the check still runs.)"""
+    if "webhooks" in snap.unreadable or "webhooks" not in snap.objects:
         return False
     return all(hooked.plugin != names.plugin for _, _, hooked in snap.pod_webhooks())
 
 
+def _may_prefer(snap: Snapshot, pvc: Obj, names: Names) -> bool:
+    """The claim's StorageClass does not turn the preference off (``anywhere``). A snapshot
+    class that does is not read here: the hint then says what the class's owner chose."""
+    sc = snap.storage_class_of(pvc) or {}
+    return (sc.get("parameters") or {}).get(names.restore_placement_param) != "anywhere"
+
+
 CHECK = Check(
-    ID, 7, ("pvcs", "logicalvolumes", "legacy-logicalvolumes", "nodes", "pods", "webhooks"), run,
+    ID, 7, ("pvcs", "logicalvolumes", "legacy-logicalvolumes", "nodes", "pods"), run,
     "Pending PVCs that wait on a copy from another node: progress, or why it waits or failed",
 )  # fmt: skip
