@@ -105,8 +105,11 @@ def run(snap: Snapshot) -> list[Finding]:
             continue
         fixes = [Fix("Nothing to fix: wait for it (the claim's Events show its progress).",
                      (show,))]  # fmt: skip
-        if source_node and _restored(pvc) and _no_pod_hook(snap, names) and _may_prefer(
-            snap, pvc, names
+        if (
+            source_node
+            and _restored(pvc)
+            and _no_pod_hook(snap, names)
+            and _may_prefer(snap, pvc, names)
         ):
             fixes.append(Fix(
                 f"Next time: this restore or clone is copied because its pod went to node "
