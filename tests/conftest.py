@@ -158,16 +158,17 @@ def _hang_report() -> Iterator[None]:
 
 
 def _dump_tasks(seconds: float) -> None:
+    """The pending tasks' stacks, printed by each task's own loop: walking the frames of
+    coroutines from this thread while the loop's thread runs them can crash the interpreter
+    (a CI worker died at this report). A loop stuck in blocking code never prints them;
+    faulthandler's dump, 5 s later, then shows every thread's stack."""
     out = sys.__stderr__
     tasks = [o for o in gc.get_objects() if isinstance(o, asyncio.Task) and not o.done()]
     print(f"\n=== test running for over {seconds:.0f} s; {len(tasks)} pending asyncio tasks ===",
           file=out)  # fmt: skip
-    for task in tasks:
-        print(repr(task), file=out)
-        try:
-            task.print_stack(file=out)
-        except Exception as e:  # a frame of compiled code (grpc's server) has no line number
-            print(f"  (no stack: {type(e).__name__}: {e})", file=out)
+    for loop in {task.get_loop() for task in tasks}:
+        with contextlib.suppress(RuntimeError):  # closed meanwhile
+            loop.call_soon_threadsafe(_print_stacks, loop)
     if uml_tier.IN_UML:  # a suspended device-mapper table hangs every LVM command and I/O
         try:
             dm = subprocess.run(
@@ -176,5 +177,18 @@ def _dump_tasks(seconds: float) -> None:
             print(dm.stdout + dm.stderr, file=out)
         except (OSError, subprocess.TimeoutExpired) as e:
             print(f"dmsetup info: {e}", file=out)
+    if out is not None:
+        out.flush()
+
+
+def _print_stacks(loop: asyncio.AbstractEventLoop) -> None:
+    """In ``loop``'s thread, between its callbacks: no coroutine of it runs meanwhile."""
+    out = sys.__stderr__
+    for task in asyncio.all_tasks(loop):
+        print(repr(task), file=out)
+        try:
+            task.print_stack(file=out)
+        except Exception as e:  # a frame of compiled code (grpc's server) has no line number
+            print(f"  (no stack: {type(e).__name__}: {e})", file=out)
     if out is not None:
         out.flush()
