@@ -5,9 +5,14 @@ I/O) does not hold its caller, who may hold lvmd's lock, for ever."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +56,35 @@ async def test_lvm_says_what_timed_out() -> None:
     with pytest.raises(LvmTimeout) as e:
         await runner.run("lvs")
     assert "timed out after 0.3s and was killed" in str(e.value)
+
+
+def test_a_command_outlives_its_daemon_killed_with_its_process_group(tmp_path: Path) -> None:
+    # A daemon (here a Python process running run_captured) SIGKILLed with its whole process
+    # group while its command runs: the command runs to its end, even though it writes to the
+    # dead daemon's pipe afterwards (an LVM command between the commit of a thin pool's
+    # metadata and the kernel's message must not die).
+    started, done = tmp_path / "started", tmp_path / "done"
+    script = f"echo >{started}; sleep 1; echo to-a-dead-reader; echo >&2 too; echo >{done}"
+    daemon = subprocess.Popen(
+        [sys.executable, "-c",
+         "import asyncio, os, sys\n"
+         "from topolvm.process import run_captured\n"
+         f"asyncio.run(run_captured(['sh', '-c', {script!r}], 30, dict(os.environ)))"],
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        for _ in range(200):
+            if started.exists():
+                break
+            time.sleep(0.05)
+        assert started.exists(), "the command did not start"
+        os.killpg(daemon.pid, signal.SIGKILL)
+        assert daemon.wait(10) == -signal.SIGKILL
+        for _ in range(100):
+            if done.exists():
+                break
+            time.sleep(0.05)
+        assert done.exists(), "the command died with its daemon"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(daemon.pid, signal.SIGKILL)

@@ -212,3 +212,21 @@ def test_a_pool_component_active_alone_is_named() -> None:
     assert error(5, unnamed).component_active and error(5, unnamed).active_component is None
     assert not error(5, NO_SPACE).component_active
     assert error(5, NO_SPACE).active_component is None
+
+
+def test_a_thin_pool_whose_kernel_transaction_lags_says_how_to_repair_it() -> None:
+    """What LVM printed in the crash test after a kill between its two halves of a thin LV's
+    creation: the error sends the operator to the repair, not to the pool's free space."""
+    refused = (
+        "  WARNING: Thin pool vg1/pool0 has unexpected transaction id 23, expecting 25 or lower "
+        "by 1.\n  Cannot create new thin volume, free space in thin pool vg1/pool0 reached "
+        "threshold.\n"
+    )
+    err = error(5, refused)
+    assert err.pool_transaction_lags and not err.no_space
+    assert "transaction id in the kernel lags" in str(err)
+    assert "docs/lvmd.md#troubleshooting" in str(err)
+    at_activation = "  Thin pool vg1-pool0-tpool transaction_id is 23, while expected 25.\n"
+    assert error(5, at_activation).pool_transaction_lags
+    assert not error(5, NO_SPACE).pool_transaction_lags
+    assert "transaction id" not in str(error(5, NO_SPACE))

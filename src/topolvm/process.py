@@ -63,8 +63,12 @@ async def run_captured(
     Past ``timeout`` the command is killed (:class:`CommandTimedOut`, with what it wrote to
     stderr), and waited for at most ``kill_grace`` seconds more: a caller holding a lock must not
     wait for ever. If the caller is cancelled, the command still runs to its end (within
-    ``timeout``): LVM, mkfs, mount and resize are not safe to interrupt half-way. ``OSError`` if
-    it cannot be started.
+    ``timeout``): LVM, mkfs, mount and resize are not safe to interrupt half-way. For the same
+    reason it runs in a session of its own: a signal to the caller's process group (a kill of
+    the daemon and its group, a Ctrl-C in its terminal) does not reach it, and a daemon killed
+    while LVM commits a thin pool's transaction leaves LVM to finish it. SIGPIPE stays ignored in
+    it, as in Python: once its reader is dead, its output fails with EPIPE instead of killing it.
+    ``OSError`` if it cannot be started.
     """
     proc = await asyncio.create_subprocess_exec(
         *argv,
@@ -72,6 +76,8 @@ async def run_captured(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=dict(env),
+        start_new_session=True,
+        restore_signals=False,
     )
     out, err = bytearray(), bytearray()
     # the command's exit and the end of its output; the waits below time out, never cancel it

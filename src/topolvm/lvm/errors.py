@@ -29,6 +29,17 @@ _ACTIVE_COMPONENT = re.compile(r"is prohibited while logical volume (\S+) is act
 _COMPONENT_ACTIVE = re.compile(
     r"is prohibited while logical volume \S+ is active|with active component"
 )
+# A thin pool whose kernel transaction id lags LVM's metadata: an LVM command that changed the
+# pool was killed between the two (a container kill, a power cut). LVM then creates no thin LV in
+# it ("Cannot create new thin volume") and each change of the pool fails.
+_POOL_TRANSACTION = re.compile(
+    r"Thin pool (\S+) has unexpected transaction id|Thin pool (\S+) transaction_id is \d+, while"
+)
+POOL_TRANSACTION_HINT = (
+    "the thin pool's transaction id in the kernel lags LVM's metadata: an LVM command that "
+    "changed the pool was killed half-way; LVM changes nothing in the pool until the ids agree "
+    "(docs/lvmd.md#troubleshooting: a thin pool's transaction id)"
+)
 _STDERR_LIMIT = 4000
 
 
@@ -46,6 +57,8 @@ class LvmError(Exception):
         self.reason = reason or f"exit status {returncode}"
         # before LVM's words, which may be long: an event's message may be cut at its end
         hint = f" ({MISSING_PV_HINT})" if self.missing_pv else ""
+        if self.pool_transaction_lags:
+            hint = f" ({POOL_TRANSACTION_HINT})"
         super().__init__(f"{' '.join(self.argv)}: {self.reason}{hint}: {self.stderr}")
 
     @property
@@ -61,6 +74,12 @@ class LvmError(Exception):
             for line in self.stderr.splitlines()
             if not line.lstrip().startswith("WARNING:")
         )
+
+    @property
+    def pool_transaction_lags(self) -> bool:
+        """True when LVM refused to change a thin pool whose kernel transaction id lags its
+        metadata."""
+        return _POOL_TRANSACTION.search(self.stderr) is not None
 
     @property
     def component_active(self) -> bool:
