@@ -35,7 +35,7 @@ import sys
 import time
 from typing import Any
 
-from bench.outcome import run_kept, save
+from bench.outcome import memory_or_cache, run_kept, save
 from devtools import gobuild, uml, umlkernel
 from devtools.testbed.bed import CLUSTER_BINARIES, THICK, VG, Testbed
 from devtools.testbed.controlplane import ControlPlane
@@ -288,11 +288,8 @@ def disks_where(size: int) -> str:
     holds what fits)."""
     if chosen := os.environ.get(uml.DISK_DIR_ENV):
         return chosen
-    need = 7 * size + 4 * GiB  # both nodes' writes and their guests' memory
-    shm = "/dev/shm"
-    if os.path.isdir(shm) and shutil.disk_usage(shm).free > need:
-        return shm
-    folder = str(gobuild.ROOT / ".cache" / "bench" / "disks")
+    # both nodes' writes and their guests' memory
+    folder = str(memory_or_cache(7 * size + 4 * GiB, "bench", "disks"))
     os.environ[uml.DISK_DIR_ENV] = folder
     return folder
 

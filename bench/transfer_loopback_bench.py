@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.outcome import save
+from bench.outcome import memory_or_cache, save
 from devtools import gobuild
 from topolvm.transfer import messages
 from topolvm.transfer.client import Endpoint, Outcome, receive
@@ -213,14 +213,7 @@ def report(results: dict[str, Any]) -> None:
 
 def _where(chosen: Path | None, size: int) -> Path:
     """``chosen``, else memory when it holds the four files with room to spare, else .cache."""
-    if chosen is not None:
-        return chosen
-    shm = Path("/dev/shm")
-    if shm.is_dir() and shutil.disk_usage(shm).free > 6 * size:
-        return shm
-    cache = gobuild.ROOT / ".cache"
-    cache.mkdir(exist_ok=True)  # a fresh clone has none yet
-    return cache
+    return chosen if chosen is not None else memory_or_cache(6 * size)
 
 
 def main() -> int:

@@ -445,3 +445,8 @@ def test_a_restore_copied_without_the_pod_webhook_says_how_it_would_stay_local()
     anywhere = s.sc(params={"topolvm.io/restore-placement": "anywhere"})
     others = tuple(o for o in objs if o[0] != "storageclasses")
     assert hints(s.snapshot(*others, anywhere))["PVC app/restored"] is False
+    # a value the webhook cannot read (the storage-classes check names it): no hint either
+    invalid = s.sc(params={"topolvm.io/restore-placement": "nearby"})
+    assert hints(s.snapshot(*others, invalid))["PVC app/restored"] is False
+    explicit = s.sc(params={"topolvm.io/restore-placement": "source-node"})
+    assert hints(s.snapshot(*others, explicit))["PVC app/restored"] is True

@@ -20,9 +20,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from topolvm.constants import Names
-from topolvm.controller.restoreplace import placement_error
 from topolvm.controller.sizing import node_from_topology
 from topolvm.k8s.lvobject import LogicalVolumeObject
+from topolvm.placement import placement_error
 
 SOURCE_NODE, OTHER_NODE = "source-node", "other-node"
 PVC_NAME, PVC_NAMESPACE = "csi.storage.k8s.io/pvc/name", "csi.storage.k8s.io/pvc/namespace"

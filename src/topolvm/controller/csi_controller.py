@@ -21,7 +21,6 @@ from topolvm.constants import Names
 from topolvm.controller import copies
 from topolvm.controller.ledger import CapacityLedger, NodeView
 from topolvm.controller.metrics import ControllerMetrics
-from topolvm.controller.restoreplace import placement_error
 from topolvm.controller.sizing import (
     MinimumAllocations,
     SizingError,
@@ -46,6 +45,7 @@ from topolvm.k8s.lvstore import (
     VolumeFailed,
     VolumeRequest,
 )
+from topolvm.placement import placement_error
 from topolvm.proto import csi_pb2 as csi
 from topolvm.rpc import status
 from topolvm.rpc.locks import KeyedLocks

@@ -27,16 +27,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from topolvm.constants import Names
+from topolvm.placement import ANYWHERE, SOURCE_NODE, PlacementValueError, prefers_source
+
+__all__ = ["ANYWHERE", "SOURCE_NODE", "PlacementValueError", "prefers_source"]
 
 Obj = dict[str, Any]
 
-SOURCE_NODE, ANYWHERE = "source-node", "anywhere"
 WEIGHT = 100  # the most a preferred term can weigh
 SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
-
-
-class PlacementValueError(ValueError):
-    """``<plugin>/restore-placement`` is neither ``source-node`` nor ``anywhere``."""
 
 
 class Sources(Protocol):
@@ -59,27 +57,6 @@ class Sources(Protocol):
 
 def _map(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
-
-
-def prefers_source(params: Any, names: Names, what: str = "parameters") -> bool:
-    """Whether a StorageClass's or VolumeSnapshotClass's ``parameters`` keep the preference;
-    raises :class:`PlacementValueError` (naming ``what``) for a value that is neither choice."""
-    key = names.restore_placement_param
-    value = _map(params).get(key, "") or SOURCE_NODE
-    if value not in (SOURCE_NODE, ANYWHERE):
-        raise PlacementValueError(
-            f"{what}: {key} must be {SOURCE_NODE} or {ANYWHERE}, got {value!r}"
-        )
-    return value == SOURCE_NODE
-
-
-def placement_error(params: Any, names: Names, what: str) -> str:
-    """What is wrong with ``params``' restore placement ("" when nothing is)."""
-    try:
-        prefers_source(params, names, what)
-    except PlacementValueError as e:
-        return str(e)
-    return ""
 
 
 def data_source(pvc: Obj) -> tuple[str, str] | None:

@@ -16,6 +16,7 @@ from topolvm.doctor.snapshot import (
     ns_of,
     uid_of,
 )
+from topolvm.placement import PlacementValueError, prefers_source
 from topolvm.units import human
 
 ID = "copy-progress"
@@ -146,7 +147,10 @@ def _may_prefer(snap: Snapshot, pvc: Obj, names: Names) -> bool:
     """The claim's StorageClass does not turn the preference off (``anywhere``). A snapshot
     class that does is not read here: the hint then says what the class's owner chose."""
     sc = snap.storage_class_of(pvc) or {}
-    return (sc.get("parameters") or {}).get(names.restore_placement_param) != "anywhere"
+    try:
+        return prefers_source(sc.get("parameters"), names)
+    except PlacementValueError:  # the StorageClass check says what is wrong with it
+        return False
 
 
 CHECK = Check(
