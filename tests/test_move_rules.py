@@ -231,6 +231,19 @@ def test_estimate_takes_the_median_of_measured_rates() -> None:
     assert est.measured and est.rate == 200
 
 
+def test_estimate_takes_the_stop_and_start_from_finished_moves() -> None:
+    """A cluster whose moves took 20-40 s down (their final copies' share at the estimate's
+    rate taken off) expects the median of those, not the assumed 10 s."""
+    rate = 100 << 20
+    past = [(40.0, 0), (25.0, 5 * rate), (30.0, 0), (0.0, 0), (3.0, 10 * rate)]
+    est = rules.estimate(GIB, [rate], past)
+    # shares: 40, 20, 30, 1 (3 s for 10 s of copy: at least LEAST_RESTART); 0 s: not measured
+    assert est.restarts_measured == 4 and est.restart_seconds == 30.0
+    assert est.downtime_seconds == pytest.approx(30.0 + (GIB // 10) / rate)
+    assumed = rules.estimate(GIB, [rate])
+    assert assumed.restarts_measured == 0 and assumed.restart_seconds == rules.RESTART_SECONDS
+
+
 def test_a_pods_node_local_claims_move_together() -> None:
     pod = {"spec": {"volumes": [
         {"name": "d", "persistentVolumeClaim": {"claimName": "data-vault-0"}},

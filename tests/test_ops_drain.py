@@ -156,7 +156,7 @@ def test_dry_run_text_lists_claims_pods_budgets_targets_bytes_and_downtime() -> 
         "  shop/data-web-0: pod web-0 (StatefulSet/web)",
         "    to node n2 (expected; most free bytes in the default device class: 50.0 GiB)",
         "    data: at most 10.0 GiB; downtime about 20 s (final copy of ~1.0 GiB at 100.0 "
-        "MiB/s, assumed, plus the pod's stop and start)",
+        "MiB/s, assumed, plus the pod's stop and start, ~10 s assumed)",
         "    web: PodDisruptionBudget allows 0 disruption(s)",
         "    the move would wait until its budgets allow a disruption",
         "  shop/x: refused (NoRunningPod): no pod",

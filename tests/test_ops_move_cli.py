@@ -349,7 +349,23 @@ async def test_dry_run_checks_the_live_cluster_and_creates_nothing(
     out = capsys.readouterr().out
     assert code == 0, out
     assert "from node n1 to node n2 (most free bytes" in out and "measured" in out
+    assert "~10 s assumed)" in out  # no move finished here yet
     assert emu.list("volumemoves") == []
+    # moves finished in any namespace: the pod's stop and start as they took (the final
+    # copy's share off); one rolled back says nothing of a downtime
+    for ns, name, phase, down in (("other", "a", "Succeeded", 31), ("other", "b", "Unverified", 25),
+                                  ("other", "c", "RolledBack", 99)):  # fmt: skip
+        emu.create({"apiVersion": "topolvm.io/v1", "kind": "VolumeMove",
+                    "metadata": {"name": name, "namespace": ns}, "spec": {"claim": name},
+                    "status": {"phase": phase, "downtimeSeconds": down,
+                               "deltaBytes": 0}})  # fmt: skip
+    code = await run_cli("move", "-n", NS, "pvc/data-web-0", "--dry-run", "--kubeconfig",
+                         kubeconfig)  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "plus the pod's stop and start, ~31 s, as this cluster's 2 finished moves took " \
+        "(median))" in out, out  # fmt: skip
+    assert [m["metadata"]["name"] for m in emu.list("volumemoves")] == ["a", "b", "c"]
 
 
 @pytest.mark.parametrize(

@@ -238,17 +238,29 @@ class Estimate:
     rate: int  # bytes per second the estimate assumes
     measured: bool  # the rate comes from copies this cluster made
     downtime_seconds: float
+    restart_seconds: float = 0.0  # the pod's stop, the swap and its start, besides the copy
+    restarts_measured: int = 0  # finished moves of this cluster that share comes from (0: assumed)
 
 
-RESTART_SECONDS = 10.0  # stop, swap and start of the pod, besides the final copy
+RESTART_SECONDS = 10.0  # stop, swap and start of the pod, besides the final copy, when unknown
+LEAST_RESTART = 1.0  # a measured share is never taken below this
 ASSUMED_RATE = 100 << 20
 CHANGED_SHARE = 0.1  # of the volume's data written during the pre-copy, for the estimate
 
 
-def estimate(used_bytes: int, rates: Sequence[int]) -> Estimate:
+def estimate(
+    used_bytes: int, rates: Sequence[int], downtimes: Sequence[tuple[float, int]] = ()
+) -> Estimate:
     """Bytes the move sends and the downtime to expect: the median of measured copy rates
-    (``status.copy.bytesPerSecond`` of this cluster's copies), or an assumed one."""
+    (``status.copy.bytesPerSecond`` of this cluster's copies), or an assumed one; and the pod's
+    stop and start, the median of what this cluster's finished moves took besides their final
+    copy (``downtimes``: their ``(status.downtimeSeconds, status.deltaBytes)``; the copy's share
+    at the same rate), or an assumed one."""
     measured = sorted(r for r in rates if r > 0)
     rate = measured[len(measured) // 2] if measured else ASSUMED_RATE
     delta = int(used_bytes * CHANGED_SHARE)
-    return Estimate(used_bytes, delta, rate, bool(measured), RESTART_SECONDS + delta / rate)
+    shares = sorted(max(LEAST_RESTART, down - sent / rate)
+                    for down, sent in downtimes if down > 0 and sent >= 0)  # fmt: skip
+    restart = shares[len(shares) // 2] if shares else RESTART_SECONDS
+    return Estimate(used_bytes, delta, rate, bool(measured), restart + delta / rate,
+                    restart, len(shares))  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lightkube import ALL_NS, AsyncClient
@@ -25,7 +25,7 @@ from topolvm.k8s.moveobject import (
 from topolvm.move import reads
 from topolvm.move.reads import NODE, POD, PV, PVC
 from topolvm.move.rules import Refused, uses_claim
-from topolvm.ops.preflight import Facts, Obj, Plan, copy_rates, find_lv
+from topolvm.ops.preflight import Facts, Obj, Plan, copy_rates, find_lv, past_downtimes
 
 STORAGE_CLASS = create_global_resource("storage.k8s.io", "v1", "StorageClass", "storageclasses")
 PDB = create_namespaced_resource("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets")
@@ -60,6 +60,8 @@ class Common:
     nodes: list[Obj]
     lvs: list[Obj]
     storage_classes: dict[str, Obj]
+    # (downtimeSeconds, deltaBytes) of the finished VolumeMoves (the estimate's stop and start)
+    downtimes: list[tuple[float, int]] = field(default_factory=list)
 
     def device_class(self, pvc: Obj | None, lv: Obj | None, names: Names) -> str:
         """The claim's device class ("" is the default): its LogicalVolume's, as the
@@ -77,10 +79,16 @@ async def read_common(client: AsyncClient, names: Names) -> Common:
         except kube.NotFound:  # no LogicalVolume CRD: no volume, no measured rate
             return []
 
-    nodes, volumes, classes = await asyncio.gather(
-        api.list_all(client, NODE), lvs(), api.list_all(client, STORAGE_CLASS)
+    async def downtimes() -> list[tuple[float, int]]:
+        try:
+            return past_downtimes((await list_moves(client, names)).values())
+        except kube.Forbidden:  # a user who may not list every namespace's: assumed
+            return []
+
+    nodes, volumes, classes, past = await asyncio.gather(
+        api.list_all(client, NODE), lvs(), api.list_all(client, STORAGE_CLASS), downtimes()
     )
-    return Common(nodes[0], volumes, {name_of(sc): sc for sc in classes[0]})
+    return Common(nodes[0], volumes, {name_of(sc): sc for sc in classes[0]}, past)
 
 
 async def claim_facts(
@@ -109,7 +117,7 @@ async def claim_facts(
         replicaset_owner=await reads.replicaset_owners(client, namespace, users),
         device_class=dc, free=reads.free_bytes(common.nodes, names, dc),
         schedulable=reads.schedulable_nodes(common.nodes),
-        lv=lv, rates=copy_rates(common.lvs),
+        lv=lv, rates=copy_rates(common.lvs), downtimes=common.downtimes,
         existing=existing, local_claims=local, unfit=reads.unfit_nodes(common.nodes, users),
     )  # fmt: skip
 

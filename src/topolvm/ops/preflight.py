@@ -10,7 +10,7 @@ from typing import Any
 
 from topolvm.constants import Names
 from topolvm.k8s.lvobject import InvalidQuantity, LogicalVolumeObject, parse_quantity
-from topolvm.k8s.moveobject import VolumeMoveObject
+from topolvm.k8s.moveobject import MovePhase, VolumeMoveObject
 from topolvm.move import rules
 from topolvm.move.rules import Estimate, Refused
 
@@ -32,6 +32,8 @@ class Facts:
     schedulable: frozenset[str]
     lv: Obj | None  # the claim's LogicalVolume
     rates: list[int] = field(default_factory=list)  # status.copy.bytesPerSecond seen
+    # (status.downtimeSeconds, status.deltaBytes) of this cluster's finished moves
+    downtimes: list[tuple[float, int]] = field(default_factory=list)
     existing: VolumeMoveObject | None = None  # the VolumeMove named after the claim
     # the other claims of the pods that use this one, whose volumes are node-local (TopoLVM)
     local_claims: Mapping[str, str] = field(default_factory=dict)
@@ -80,6 +82,15 @@ def copy_rates(lvs: Iterable[Obj]) -> list[int]:
         if isinstance(rate, int) and not isinstance(rate, bool) and rate > 0:
             rates.append(rate)
     return rates
+
+
+def past_downtimes(moves: Iterable[VolumeMoveObject]) -> list[tuple[float, int]]:
+    """``(status.downtimeSeconds, status.deltaBytes)`` of the moves that ran through their
+    downtime (Succeeded or Unverified, a downtime recorded): what the estimate's share of the
+    pod's stop and start is measured from."""
+    done = (MovePhase.SUCCEEDED, MovePhase.UNVERIFIED)
+    return [(float(m.status.downtime_seconds), m.status.delta_bytes) for m in moves
+            if m.status.phase in done and m.status.downtime_seconds > 0]  # fmt: skip
 
 
 def find_lv(lvs: Iterable[Obj], pv: Obj | None) -> Obj | None:
@@ -173,14 +184,16 @@ def preflight_together(group: Sequence[Facts], names: Names, requested: str = ""
         if (pod.get("metadata") or {}).get("name") == work.pod:
             labels = dict((pod.get("metadata") or {}).get("labels") or {})
     plans = []
-    pod_estimate = rules.estimate(sum(sizes), first.rates)  # the pod stops once for all
+    # the pod stops once for all
+    pod_estimate = rules.estimate(sum(sizes), first.rates, first.downtimes)
     for facts, size, (_, _, replaces) in zip(group, sizes, checked, strict=True):
         plans.append(Plan(
             namespace=facts.namespace, claim=facts.claim, pod=work.pod,
             owner=f"{work.owner_kind}/{work.owner}", pod_labels=labels, source=source,
             target=target, requested=bool(requested),
             target_free=facts.free.get(target, 0), size=size, device_class=facts.device_class,
-            estimate=rules.estimate(size, facts.rates), pod_estimate=pod_estimate,
+            estimate=rules.estimate(size, facts.rates, facts.downtimes),
+            pod_estimate=pod_estimate,
             replaces=replaces,
             together=tuple(f.claim for f in group if f.claim != facts.claim),
         ))  # fmt: skip

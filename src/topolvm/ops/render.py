@@ -30,9 +30,13 @@ def why_target(plan: Plan) -> str:
 
 def downtime_text(est: Estimate) -> str:
     how = "measured" if est.measured else "assumed"
+    n = est.restarts_measured
+    restart = (f"~{est.restart_seconds:.0f} s, as this cluster's {n} finished move"
+               f"{'' if n == 1 else 's'} took (median)" if n
+               else f"~{est.restart_seconds:.0f} s assumed")  # fmt: skip
     return (
         f"about {est.downtime_seconds:.0f} s (final copy of ~{human(est.delta_bytes)} at "
-        f"{human(est.rate)}/s, {how}, plus the pod's stop and start)"
+        f"{human(est.rate)}/s, {how}, plus the pod's stop and start, {restart})"
     )
 
 
