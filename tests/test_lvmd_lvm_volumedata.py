@@ -157,6 +157,7 @@ async def test_a_thin_delta_covers_exactly_the_chunks_written_between_two_snapsh
     both: LvmdClient,
 ) -> None:
     await both.lv.CreateLV(pb.CreateLVRequest(name="t", device_class="thin", size_bytes=64 * MiB))
+    await both.vg.GetLVList(pb.GetLVListRequest(device_class="thin"))  # a report: t as LVM has it
     chunk = int(_lv_fields("vg1/pool0", "chunk_size")["chunk_size"])
     _dd("/dev/vg1/t", 0, 16)  # data the first copy took (snapshot A)
     await both.lv.CreateLVSnapshot(pb.CreateLVSnapshotRequest(
@@ -164,8 +165,14 @@ async def test_a_thin_delta_covers_exactly_the_chunks_written_between_two_snapsh
     written = [(2 * MiB, MiB), (10 * MiB + 3 * chunk, 2 * chunk), (40 * MiB, MiB)]
     for offset, length in written:  # over A's data, and where A had none
         _dd("/dev/vg1/t", offset // chunk, length // chunk, bs=chunk)
+    calls = both.server.runner.calls
     await both.lv.CreateLVSnapshot(pb.CreateLVSnapshotRequest(
         name="t-b", device_class="thin", source_volume="t", access_type="ro"))  # fmt: skip
+    # a thin cut right after another (a move's claims, the pod down): its lvcreate alone, no
+    # report first (the model has the source from the last report, and lvmd's own snapshot),
+    # and no activation after it (``-k n`` made it active)
+    assert both.server.runner.calls == calls + 1
+    assert _lv_fields("vg1/t-b", "lv_attr")["lv_attr"][4] == "a"
 
     async def delta(name: str, base: str, dc: str = "thin") -> list[tuple[int, int]]:
         req = vd.ThinDeltaRequest(name=name, base=base, device_class=dc)
@@ -316,3 +323,22 @@ async def test_open_state_says_who_holds_a_volume_open(both: LvmdClient, tmp_pat
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     code, _ = await code_of(state("k", "nvme"))
     assert code == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_snapshot_whose_name_lvm_has_and_lvmd_had_not_seen_is_found(
+    both: LvmdClient,
+) -> None:
+    """A thin cut made from lvmd's model without a report first (its source known, the model
+    dirty from lvmd's own change) whose name LVM has already (a create that failed for lvmd, not
+    for LVM: here made behind lvmd's back): lvmd reads LVM's state and answers with it, as a
+    retried create expects, instead of LVM's "already exists"."""
+    await both.lv.CreateLV(pb.CreateLVRequest(name="o", device_class="thin", size_bytes=64 * MiB))
+    await both.vg.GetLVList(pb.GetLVListRequest(device_class="thin"))  # o as LVM has it
+    await both.lv.CreateLVSnapshot(pb.CreateLVSnapshotRequest(
+        name="o-a", device_class="thin", source_volume="o", access_type="ro"))  # fmt: skip
+    lvm("lvcreate", "-s", "-k", "n", "-p", "r", "-n", "o-b", "vg1/o")
+    calls = both.server.runner.calls
+    made = await both.lv.CreateLVSnapshot(pb.CreateLVSnapshotRequest(
+        name="o-b", device_class="thin", source_volume="o", access_type="ro"))  # fmt: skip
+    assert made.snapshot.name == "o-b" and made.snapshot.size_bytes == 64 * MiB
+    assert both.server.runner.calls == calls + 2  # the refused lvcreate, then a report

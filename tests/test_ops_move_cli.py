@@ -23,7 +23,7 @@ from topolvm.move.rules import Refused
 from topolvm.ops import move_cli
 from topolvm.ops.cluster import Common
 from topolvm.ops.follow import BarDisplay, LineDisplay
-from topolvm.ops.preflight import Facts, copy_rates, find_lv, preflight, volume_size
+from topolvm.ops.preflight import Facts, copy_rates, find_lv, past_downtimes, preflight, volume_size
 from topolvm.ops.render import dry_run_text, outcome, progress_line, refusal_line
 
 Obj = dict[str, Any]
@@ -503,3 +503,18 @@ def test_a_bad_kubeconfig_cannot_be_checked(
     assert "could not check: cannot load Kubernetes client configuration" in (
         capsys.readouterr().err
     )
+
+
+def test_a_pods_claims_moved_together_count_as_one_stop() -> None:
+    """Two claims of one pod moved together carry the pod's downtime each: one stop, with both
+    final copies; another pod's stop counts apart; moves that did not stop a pod, none."""
+
+    def done(name: str, pod_uid: str, stop: str, down: int, delta: int) -> VolumeMoveObject:
+        return VolumeMoveObject(name, NS, f"u-{name}", name, status=MoveStatus(
+            phase="Succeeded", pod_uid=pod_uid, stop_time=stop, downtime_seconds=down,
+            delta_bytes=delta))  # fmt: skip
+
+    back = VolumeMoveObject("c", NS, "u-c", "c", status=MoveStatus(phase="RolledBack"))
+    moves = [done("data-a", "p1", "t1", 12, 1 << 20), done("logs-a", "p1", "t1", 11, 2 << 20),
+             done("data-b", "p2", "t2", 9, 0), back]  # fmt: skip
+    assert sorted(past_downtimes(moves)) == [(9.0, 0), (12.0, 3 << 20)]

@@ -157,6 +157,8 @@ def test_storage_classes_that_cannot_work() -> None:
         *nodes, drivers, s.sc("immediate", binding="Immediate"), s.sc("nvme", dc="nvme"),
         s.sc("legacy", provisioner="topolvm.cybozu.com"),
         s.sc("mixed", dc=None, params={"topolvm.cybozu.com/device-class": "ssd"}),
+        s.sc("near", params={"topolvm.io/device-class": "ssd",
+                             "topolvm.io/restore-placement": "nearby"}),
     ))  # fmt: skip
     titles = sorted(f.title for f in found)
     assert titles == [
@@ -165,9 +167,17 @@ def test_storage_classes_that_cannot_work() -> None:
         "StorageClass mixed: device class (default) exists on no node",
         "StorageClass mixed: parameter topolvm.cybozu.com/device-class belongs to the other API "
         "group",
+        "StorageClass near: parameter topolvm.io/restore-placement is not valid",
         "StorageClass nvme: device class nvme exists on no node",
     ]
+    [near] = [f for f in found if "near" in f.title]
+    assert near.evidence == ("StorageClass near: topolvm.io/restore-placement must be "
+                             "source-node or anywhere, got 'nearby'",)  # fmt: skip
     assert run("storageclass", s.snapshot(*nodes, drivers, s.sc())) == []
+    fine = s.sc(
+        "far", params={"topolvm.io/device-class": "ssd", "topolvm.io/restore-placement": "anywhere"}
+    )
+    assert run("storageclass", s.snapshot(*nodes, drivers, fine)) == []
 
 
 def test_pvc_provisioning_failures_name_the_node_and_its_free_bytes() -> None:

@@ -105,6 +105,8 @@ async def test_a_moves_cuts_may_be_smaller_than_their_origin_a_restores_not() ->
 
 @pytest.mark.parametrize("job", ["uid-t", round_two("uid-t")])
 async def test_an_overflowed_cut_fails_a_moves_copy_for_good(job: str) -> None:
+    """The first cut (it lived while the pod wrote), or the second, made by the final copy:
+    either overflowed fails the copy."""
     with pytest.raises(Refused) as e:
         await _service(FakeCuts(["uid-t"], overflowed=(job,)))._cut(_lv("t", 2), SOURCE)
     assert e.value.reason == "invalid" and not e.value.transient

@@ -33,12 +33,14 @@ async def test_a_command_past_its_timeout_is_killed_with_what_it_wrote() -> None
 async def test_a_killed_command_that_does_not_go_is_left_to_a_reaper(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # The shell is killed, but a child of it keeps its stdout open for 4 s: to the caller, the
-    # same as a process that SIGKILL cannot end yet.
+    # The shell is killed, but a child of it, in a session of its own (out of reach of the
+    # kill of the command's group), keeps its stdout open for 4 s: to the caller, the same as a
+    # process that SIGKILL cannot end yet.
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="topolvm.process"):
         with pytest.raises(CommandTimedOut) as e:
-            await run_captured(["sh", "-c", "sleep 4 & exec sleep 30"], 0.5, ENV, kill_grace=1)
+            await run_captured(["sh", "-c", "setsid sleep 4 & exec sleep 30"], 0.5, ENV,
+                               kill_grace=1)  # fmt: skip
         waited = time.monotonic() - started
         assert e.value.stuck == 1
         assert "had not exited 1s after SIGKILL" in e.value.reason
@@ -49,6 +51,27 @@ async def test_a_killed_command_that_does_not_go_is_left_to_a_reaper(
                 break
             await asyncio.sleep(0.1)
     assert "a killed command exited at last" in caplog.text
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def test_a_command_past_its_timeout_is_killed_with_the_children_it_forked() -> None:
+    """A prefix that forks (``nsenter -p`` runs LVM as its child): the timeout's kill reaches
+    the command itself, not only the process lvmd started."""
+    with pytest.raises(CommandTimedOut) as e:
+        await run_captured(["sh", "-c", "sleep 30 & echo $! >&2; wait"], 0.5, ENV)
+    child = int(e.value.stderr)
+    for _ in range(50):
+        if not _alive(child):
+            break
+        await asyncio.sleep(0.1)
+    assert not _alive(child), "the forked child outlived the timeout's kill"
 
 
 async def test_lvm_says_what_timed_out() -> None:

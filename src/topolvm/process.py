@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -50,9 +51,14 @@ async def _drain(stream: asyncio.StreamReader | None, into: bytearray) -> None:
         into += chunk
 
 
-def _kill(proc: asyncio.subprocess.Process) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        proc.kill()
+def _kill(proc: asyncio.subprocess.Process, group: bool = False) -> None:
+    """SIGKILL ``proc``; with ``group``, its whole process group (a command started in a
+    session of its own: a prefix such as ``nsenter -p`` forks, and the command is its child)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if group:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
 
 
 async def run_captured(
@@ -60,15 +66,16 @@ async def run_captured(
 ) -> tuple[int, bytes, bytes]:
     """Run ``argv`` without a shell; return (exit status, stdout, stderr).
 
-    Past ``timeout`` the command is killed (:class:`CommandTimedOut`, with what it wrote to
-    stderr), and waited for at most ``kill_grace`` seconds more: a caller holding a lock must not
-    wait for ever. If the caller is cancelled, the command still runs to its end (within
-    ``timeout``): LVM, mkfs, mount and resize are not safe to interrupt half-way. For the same
-    reason it runs in a session of its own: a signal to the caller's process group (a kill of
-    the daemon and its group, a Ctrl-C in its terminal) does not reach it, and a daemon killed
-    while LVM commits a thin pool's transaction leaves LVM to finish it. SIGPIPE stays ignored in
-    it, as in Python: once its reader is dead, its output fails with EPIPE instead of killing it.
-    ``OSError`` if it cannot be started.
+    Past ``timeout`` the command is killed, with what it forked (its process group), as
+    :class:`CommandTimedOut` says (with what it wrote to stderr), and waited for at most
+    ``kill_grace`` seconds more: a caller holding a lock must not wait for ever. If the caller
+    is cancelled, the command still runs to its end (within ``timeout``): LVM, mkfs, mount and
+    resize are not safe to interrupt half-way. For the same reason it runs in a session of its
+    own: a signal to the caller's process group (a kill of the daemon and its group, a Ctrl-C
+    in its terminal) does not reach it, and a daemon killed so while LVM commits a thin pool's
+    transaction leaves LVM to finish it (a container's end still takes every process in it).
+    SIGPIPE stays ignored in it, as in Python: once its reader is dead, its output fails with
+    EPIPE instead of killing it. ``OSError`` if it cannot be started.
     """
     proc = await asyncio.create_subprocess_exec(
         *argv,
@@ -85,7 +92,7 @@ async def run_captured(
     try:
         await asyncio.wait_for(asyncio.shield(done), timeout)
     except TimeoutError:
-        _kill(proc)
+        _kill(proc, group=True)
         since = asyncio.get_running_loop().time()
         try:
             await asyncio.wait_for(asyncio.shield(done), kill_grace)
@@ -103,7 +110,7 @@ async def run_captured(
         try:
             await asyncio.wait_for(asyncio.shield(done), timeout)
         except TimeoutError:
-            _kill(proc)
+            _kill(proc, group=True)
         raise
     return (proc.returncode if proc.returncode is not None else -1), bytes(out), bytes(err)
 

@@ -33,13 +33,15 @@ _COMPONENT_ACTIVE = re.compile(
 # pool was killed between the two (a container kill, a power cut). LVM then creates no thin LV in
 # it ("Cannot create new thin volume") and each change of the pool fails.
 _POOL_TRANSACTION = re.compile(
-    r"Thin pool (\S+) has unexpected transaction id|Thin pool (\S+) transaction_id is \d+, while"
+    r"Thin pool (\S+) has unexpected transaction id|"
+    r"Thin pool (\S+)(?: \(\d+:\d+\))? transaction_id is \d+, while"
 )
 POOL_TRANSACTION_HINT = (
-    "the thin pool's transaction id in the kernel lags LVM's metadata: an LVM command that "
-    "changed the pool was killed half-way; LVM changes nothing in the pool until the ids agree "
-    "(docs/lvmd.md#troubleshooting: a thin pool's transaction id)"
+    "the thin pool's transaction id in the kernel differs from LVM's metadata: an LVM command "
+    "that changed the pool was killed half-way; LVM changes nothing in the pool until the ids "
+    "agree (docs/lvmd.md#troubleshooting: a thin pool's transaction id)"
 )
+_EXISTS = re.compile(r'Logical [Vv]olume "[^"]*" already exists in volume group')
 _STDERR_LIMIT = 4000
 
 
@@ -56,9 +58,9 @@ class LvmError(Exception):
             self.stderr = f"{self.stderr[:half]}...(truncated)...{self.stderr[-half:]}"
         self.reason = reason or f"exit status {returncode}"
         # before LVM's words, which may be long: an event's message may be cut at its end
-        hint = f" ({MISSING_PV_HINT})" if self.missing_pv else ""
-        if self.pool_transaction_lags:
-            hint = f" ({POOL_TRANSACTION_HINT})"
+        found = ((MISSING_PV_HINT, self.missing_pv),
+                 (POOL_TRANSACTION_HINT, self.pool_transaction_lags))  # fmt: skip
+        hint = "".join(f" ({h})" for h, on in found if on)
         super().__init__(f"{' '.join(self.argv)}: {self.reason}{hint}: {self.stderr}")
 
     @property
@@ -77,9 +79,14 @@ class LvmError(Exception):
 
     @property
     def pool_transaction_lags(self) -> bool:
-        """True when LVM refused to change a thin pool whose kernel transaction id lags its
-        metadata."""
+        """True when LVM refused to change a thin pool whose kernel transaction id is not the
+        one its metadata expects (behind it, after a kill half-way)."""
         return _POOL_TRANSACTION.search(self.stderr) is not None
+
+    @property
+    def already_exists(self) -> bool:
+        """True when LVM refused to create an LV whose name is taken in the VG."""
+        return _EXISTS.search(self.stderr) is not None
 
     @property
     def component_active(self) -> bool:

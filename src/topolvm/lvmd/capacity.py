@@ -133,3 +133,16 @@ def capacity(report: Report, config: LvmdConfig) -> Capacity:
             if thick.default:
                 default_free = free
     return Capacity(default_free, tuple(items))
+
+
+def cached_will_do(report: Report, pool: Pool, dc: DeviceClass, source: str, name: str) -> bool:
+    """Whether a snapshot of ``source`` named ``name`` may be made from the model as it stands,
+    with lvmd's own changes since the last report in it. The source's lv_attr decides what it
+    is, and an LV lvmd changed since carries none yet; a name taken must be read as LVM has it
+    (active or not); a thick snapshot's copy-on-write area is sized from the VG's free room,
+    which lvmd's own changes leave unknown. So: a thin class only. A thin cut right after
+    another (a move's claims, with the pod down) then costs one LVM command, not a report
+    first."""
+    src = report.find_lv(pool.vg.name, source)
+    taken = report.find_lv(pool.vg.name, name)
+    return dc.is_thin and src is not None and bool(src.attr) and (taken is None or bool(taken.attr))

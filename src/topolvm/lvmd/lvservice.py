@@ -23,7 +23,7 @@ from topolvm.lvm.report import (
     with_vg_free,
     without_lv,
 )
-from topolvm.lvmd.capacity import Pool, PoolMissing, find_pool
+from topolvm.lvmd.capacity import Pool, PoolMissing, cached_will_do, find_pool
 from topolvm.lvmd.service import block_device, resolve, rpc_of, to_pb
 from topolvm.lvmd.state import LvmState
 from topolvm.lvmd.thin_repair import inactive_thin, lost_thin, run_on_pool
@@ -333,56 +333,72 @@ class LVService:
         thin one). A thick one's area is as large as its origin, or with ``min_cow`` as large
         as the room left if that is less (at least ``min_cow``; see volumedata.proto)."""
         async with self.state.lock:
-            # The source's lv_attr decides what it is; LVs lvmd changed since the last report
-            # carry no attr yet, so read the real state first.
-            if self.state.dirty:
+            report, pool = await self._pool_locked(dc)
+            cached = self.state.dirty and cached_will_do(report, pool, dc, source, name)
+            if self.state.dirty and not cached:
                 report, pool = await self._pool_locked_reloaded(dc)
-            else:
-                report, pool = await self._pool_locked(dc)
-            src = report.find_lv(pool.vg.name, source)
-            if src is None:
-                raise status.NotFound(f"source logical volume {source} is not found")
-            if dc.is_thin and not src.is_thin_volume:
-                raise status.Unimplemented("snapshot can be created for only thin volumes")
-            if not dc.is_thin and src not in pool.lvs(report):
-                raise status.InvalidArgument(f"{src.full_name} is not a volume of device class "
-                                             f"{dc.name}")  # fmt: skip
-            if not dc.is_thin and src.origin:
-                raise status.InvalidArgument(f"{src.full_name} is itself a COW snapshot")
-            desired = size or src.size
-            if desired < src.size:
-                raise status.OutOfRange(
-                    f"requested size {desired} is smaller than the source volume size {src.size}",
-                )
-            if not dc.is_thin:
-                desired = src.size  # a COW snapshot reads as large as its origin, no larger
-            existing = report.find_lv(pool.vg.name, name)
-            if existing is not None:
-                report, pool, existing = await self._activated_or_lost(dc, report, pool, existing)
-            if existing is not None and existing.origin == source and min_cow:
-                if dc.is_thin:
-                    return existing, 0
-                return existing, (await cow_state(self.runner, existing.full_name))[1]
-            if existing is not None:
-                if existing.origin == source and existing.size >= desired:
-                    return existing, 0 if dc.is_thin else existing.size
-                raise status.AlreadyExists(
-                    f"logical volume {existing.full_name} already exists",
-                )
-            free = pool.free(report)
-            cow = desired
-            if not dc.is_thin and min_cow:
-                # a quarter of the room (other cuts may come: a pod's other claims, a drain's
-                # other moves), at least min_cow, at most as large as the origin (then with
-                # LVM's own overhead: room four times the origin's size holds it); in extents
-                step = pool.vg.extent_size or (4 << 20)
-                cow = min(-(-max(min_cow, free // 4, step) // step) * step, desired)
-                if cow > free:
-                    raise _no_space(free, min_cow)
-            if free < cow:
-                raise _no_space(free, desired)
-            snap = await self._snapshot_locked(pool, src, name, tags, desired, access, cow)
-            self.state.update_locked(with_lv(report, snap))
+            args = (dc, name, source, tags, size, access, min_cow)
+            try:
+                return await self._snapshot_from(report, pool, *args)
+            except LvmError as e:
+                if not (cached and e.already_exists):
+                    raise
+            # the name is taken by an LV the model lacks (a create that failed for lvmd, not for
+            # LVM): decide again from LVM's state (a retry finds its snapshot)
+            log.info("snapshot name taken by an LV lvmd had not seen; reading LVM's state",
+                     extra={"lv": name})  # fmt: skip
+            report, pool = await self._pool_locked_reloaded(dc)
+            return await self._snapshot_from(report, pool, *args)
+
+    async def _snapshot_from(
+        self, report: Report, pool: Pool, dc: DeviceClass, name: str, source: str,
+        tags: list[str], size: int, access: str, min_cow: int | None,
+    ) -> tuple[LvRecord, int]:  # fmt: skip
+        """:meth:`snapshot` from ``report``; the caller holds the state's lock."""
+        src = report.find_lv(pool.vg.name, source)
+        if src is None:
+            raise status.NotFound(f"source logical volume {source} is not found")
+        if dc.is_thin and not src.is_thin_volume:
+            raise status.Unimplemented("snapshot can be created for only thin volumes")
+        if not dc.is_thin and src not in pool.lvs(report):
+            raise status.InvalidArgument(f"{src.full_name} is not a volume of device class "
+                                         f"{dc.name}")  # fmt: skip
+        if not dc.is_thin and src.origin:
+            raise status.InvalidArgument(f"{src.full_name} is itself a COW snapshot")
+        desired = size or src.size
+        if desired < src.size:
+            raise status.OutOfRange(
+                f"requested size {desired} is smaller than the source volume size {src.size}",
+            )
+        if not dc.is_thin:
+            desired = src.size  # a COW snapshot reads as large as its origin, no larger
+        existing = report.find_lv(pool.vg.name, name)
+        if existing is not None:
+            report, pool, existing = await self._activated_or_lost(dc, report, pool, existing)
+        if existing is not None and existing.origin == source and min_cow:
+            if dc.is_thin:
+                return existing, 0
+            return existing, (await cow_state(self.runner, existing.full_name))[1]
+        if existing is not None:
+            if existing.origin == source and existing.size >= desired:
+                return existing, 0 if dc.is_thin else existing.size
+            raise status.AlreadyExists(
+                f"logical volume {existing.full_name} already exists",
+            )
+        free = pool.free(report)
+        cow = desired
+        if not dc.is_thin and min_cow:
+            # a quarter of the room (other cuts may come: a pod's other claims, a drain's
+            # other moves), at least min_cow, at most as large as the origin (then with
+            # LVM's own overhead: room four times the origin's size holds it); in extents
+            step = pool.vg.extent_size or (4 << 20)
+            cow = min(-(-max(min_cow, free // 4, step) // step) * step, desired)
+            if cow > free:
+                raise _no_space(free, min_cow)
+        if free < cow:
+            raise _no_space(free, desired)
+        snap = await self._snapshot_locked(pool, src, name, tags, desired, access, cow)
+        self.state.update_locked(with_lv(report, snap))
         return snap, 0 if dc.is_thin else cow
 
     async def _snapshot_locked(
@@ -418,7 +434,7 @@ class LVService:
                 await self.runner.run("lvresize", "-L", f"{desired}b", f"{vg}/{name}")
             if access == "ro" and not permission:
                 await self.runner.run("lvchange", "-p", "r", f"{vg}/{name}")
-            elif thin:
+            if thin and block_device(path) is None:  # lvcreate -k n activates it, else now
                 await self.runner.run("lvchange", "-k", "n", "-a", "y", f"{vg}/{name}")
         except LvmError:
             log.warning("snapshot set-up failed; removing it", extra={"lv": name})

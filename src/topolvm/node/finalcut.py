@@ -92,8 +92,8 @@ class FinalCuts:
             )  # fmt: skip
         job = round_two(uid)
         if job in listed and uid in self.early:
-            # made here once the source closed, both cuts checked then; nothing wrote the
-            # source since (a publish drops it), so neither can have overflowed
+            # made here once lvmd saw the source closed, the first cut checked then; nothing
+            # wrote the source since (a publish drops it), so neither can have overflowed
             return self.cuts.known(job, dc), cut_name(uid)
         await self.cuts.check(uid, dc)  # the delta's base, kept while the pod ran
         if job in listed and uid not in self.taken:
@@ -102,11 +102,15 @@ class FinalCuts:
             self.volumes.forget(cut_name(job))
             await self.cuts.remove(job, dc)
             listed.remove(job)
-        if job not in listed:
+        fresh = job not in listed
+        if fresh:
             await self._closed(source, dc, strict=early)
         size = source.current_size or source.size
         second = await self.cuts.ensure(job, source.volume_id, dc, size // MOVE_COW_SHARE[1])
-        await self.cuts.check(job, dc)
+        # one made before may have overflowed since; one made now of a source lvmd saw closed
+        # (an early cut: OpenState answered) has not (an LVM command less, with the pod down)
+        if not (fresh and early):
+            await self.cuts.check(job, dc)
         return second, cut_name(uid)
 
     async def _closed(self, source: LogicalVolumeObject, dc: str, *, strict: bool) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,8 @@ from topolvm.move import reads
 from topolvm.move.reads import NODE, POD, PV, PVC
 from topolvm.move.rules import Refused, uses_claim
 from topolvm.ops.preflight import Facts, Obj, Plan, copy_rates, find_lv, past_downtimes
+
+log = logging.getLogger(__name__)
 
 STORAGE_CLASS = create_global_resource("storage.k8s.io", "v1", "StorageClass", "storageclasses")
 PDB = create_namespaced_resource("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets")
@@ -82,7 +85,9 @@ async def read_common(client: AsyncClient, names: Names) -> Common:
     async def downtimes() -> list[tuple[float, int]]:
         try:
             return past_downtimes((await list_moves(client, names)).values())
-        except kube.Forbidden:  # a user who may not list every namespace's: assumed
+        except kube.KubeError as e:  # one who may not list every namespace's: assumed
+            log.info("the finished moves cannot be read; the estimate assumes the pod's stop "
+                     "and start", extra={"error": kube.describe(e)})  # fmt: skip
             return []
 
     nodes, volumes, classes, past = await asyncio.gather(

@@ -85,12 +85,20 @@ def copy_rates(lvs: Iterable[Obj]) -> list[int]:
 
 
 def past_downtimes(moves: Iterable[VolumeMoveObject]) -> list[tuple[float, int]]:
-    """``(status.downtimeSeconds, status.deltaBytes)`` of the moves that ran through their
-    downtime (Succeeded or Unverified, a downtime recorded): what the estimate's share of the
-    pod's stop and start is measured from."""
+    """``(downtime seconds, bytes of the final copies)`` of each pod stop of the moves that ran
+    through their downtime (Succeeded or Unverified, a downtime recorded): what the estimate's
+    share of the pod's stop and start is measured from. The claims of a pod moved together
+    (one stop: its pod, its stop time) count once, with their final copies summed."""
     done = (MovePhase.SUCCEEDED, MovePhase.UNVERIFIED)
-    return [(float(m.status.downtime_seconds), m.status.delta_bytes) for m in moves
-            if m.status.phase in done and m.status.downtime_seconds > 0]  # fmt: skip
+    stops: dict[tuple[str, str, str], tuple[float, int]] = {}
+    for m in moves:
+        st = m.status
+        if st.phase not in done or st.downtime_seconds <= 0:
+            continue
+        key = (m.namespace, st.pod_uid or st.pod or m.name, st.stop_time or m.name)
+        down, sent = stops.get(key, (0.0, 0))
+        stops[key] = (max(down, float(st.downtime_seconds)), sent + max(st.delta_bytes, 0))
+    return list(stops.values())
 
 
 def find_lv(lvs: Iterable[Obj], pv: Obj | None) -> Obj | None:

@@ -1,12 +1,14 @@
 """TopoLVM StorageClasses that cannot work: Immediate binding (the volume is made before the pod
 is placed, on a node kube-scheduler did not choose), a device class no node has, a provisioner
-of the other API group than the driver that runs, or a parameter key of the other group."""
+of the other API group than the driver that runs, a parameter key of the other group, or a
+restore placement that is neither choice."""
 
 from __future__ import annotations
 
 from topolvm.capacity_annotations import class_key
 from topolvm.doctor.model import Check, Finding, Fix, Ref, Severity
 from topolvm.doctor.snapshot import BOTH, Snapshot, name_of
+from topolvm.placement import ANYWHERE, SOURCE_NODE, placement_error
 
 ID = "storageclass"
 WFFC = "WaitForFirstConsumer"
@@ -55,6 +57,15 @@ def run(snap: Snapshot) -> list[Finding]:
                     "this class provisions from the default device class",
                     [f"StorageClass {sc_name}: parameters {key}={params[key]}"],
                     Fix(f"Re-create it with {names.device_class_param}."))  # fmt: skip
+        if why := placement_error(params, names, f"StorageClass {sc_name}"):
+            add(Severity.ERROR, f"parameter {names.restore_placement_param} is not valid",
+                "CreateVolume refuses every claim of this class (INVALID_ARGUMENT), so they stay "
+                "Pending",
+                [why],
+                Fix(f"Re-create the StorageClass with {names.restore_placement_param}: "
+                    f"{SOURCE_NODE} (the default) or {ANYWHERE}.",
+                    recreate("storageclass", sc_name,
+                             f"{names.restore_placement_param}: {SOURCE_NODE}")))  # fmt: skip
         dc = params.get(names.device_class_param, "")
         reported = [c for nd in snap["nodes"] if (c := snap.node_capacities(nd, names))]
         if reported and not any(class_key(dc) in c for c in reported):
