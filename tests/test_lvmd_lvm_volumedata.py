@@ -101,6 +101,10 @@ async def test_a_cut_without_room_for_a_whole_one_is_smaller_and_says_when_it_ov
     _run("dd", "if=/dev/zero", "of=/dev/vg1/k", "bs=4M", f"count={made.cow_bytes // (4 * MiB) + 8}",
          "oflag=direct")  # fmt: skip
     assert (await both.data.DescribeLV(check)).invalid
+    # and a delta against it is refused (a move's final copy fails, and the move rolls back)
+    overflowed = vd.CowDeltaRequest(name="k", base="k-cut")
+    code, msg = await code_of(_all(both.data.CowDelta(overflowed)))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "vg1/k-cut" in msg, msg
     cut_volume = Volume("/dev/vg1/k-cut", writable=False)
     try:
         with pytest.raises(SourceFailed):
@@ -229,7 +233,11 @@ async def test_a_cow_delta_lists_the_chunks_written_between_two_thick_cuts(
         return [(o, n) for m in await _all(both.data.CowDelta(req))
                 for o, n in zip(m.offsets, m.lengths, strict=True)]  # fmt: skip
 
+    calls = both.server.runner.calls
     assert await delta("k-b", "k-a") == written
+    # the cuts lvmd just made, from its model, no report; and one lvs for both cuts' state (a
+    # move's final copy waits for this with the pod down)
+    assert both.server.runner.calls == calls + 1
     assert await delta("k-a", "k-b") == written
     assert await delta("k", "k-a") == written  # the origin against its cut
     assert await delta("k", "k-b") == []  # nothing written since B

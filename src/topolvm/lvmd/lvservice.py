@@ -44,14 +44,24 @@ def _no_space(free: int, requested: int) -> status.StatusError:
 async def cow_state(runner: LvmRunner, full_name: str) -> tuple[bool, int]:
     """Whether the COW snapshot ``full_name`` overflowed (``lv_attr`` state ``I``, invalid, or
     ``S``, invalid and suspended; or its area full), and its copy-on-write area: read now."""
-    doc = await runner.report("lvs", full_name, "-o", "lv_attr,lv_size,snap_percent")
+    return (await cow_states(runner, [full_name]))[full_name]
+
+
+async def cow_states(runner: LvmRunner, full_names: list[str]) -> dict[str, tuple[bool, int]]:
+    """:func:`cow_state` of each of ``full_names``, from one ``lvs``."""
+    fields = "lv_full_name,lv_attr,lv_size,snap_percent"
+    doc = await runner.report("lvs", *full_names, "-o", fields)
+    out: dict[str, tuple[bool, int]] = {}
     try:
-        row = doc["report"][0]["lv"][0]
-        attr, size = str(row["lv_attr"]), int(row["lv_size"])
-        full = float(row.get("snap_percent") or 0) >= 100.0
+        for row in doc["report"][0]["lv"]:
+            attr, size = str(row["lv_attr"]), int(row["lv_size"])
+            full = float(row.get("snap_percent") or 0) >= 100.0
+            out[str(row["lv_full_name"])] = (attr[4:5] in ("I", "S") or full, size)
     except (KeyError, IndexError, TypeError, ValueError) as e:
-        raise status.Internal(f"lvs printed no state for {full_name}: {doc}") from e
-    return attr[4:5] in ("I", "S") or full, size
+        raise status.Internal(f"lvs printed no state for {', '.join(full_names)}: {doc}") from e
+    if missing := [n for n in full_names if n not in out]:
+        raise status.Internal(f"lvs printed no state for {', '.join(missing)}: {doc}")
+    return out
 
 
 class LVService:

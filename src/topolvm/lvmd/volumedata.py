@@ -26,6 +26,7 @@ move's final cut waits until its source is closed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import mmap
 import os
@@ -44,8 +45,8 @@ from topolvm.lvm.cowtable import (
 from topolvm.lvm.errors import LvmError
 from topolvm.lvm.report import LvRecord, Report, has_cow_snapshot, lv_uuid_of_dm
 from topolvm.lvm.thinmap import ThinDump, ThinDumpError, changed_ranges, dm_name
-from topolvm.lvmd.capacity import find_pool
-from topolvm.lvmd.lvservice import LVService, cow_state
+from topolvm.lvmd.capacity import PoolMissing, find_pool
+from topolvm.lvmd.lvservice import LVService, cow_state, cow_states
 from topolvm.lvmd.openers import open_state
 from topolvm.lvmd.service import block_device, dm_uuid, resolve, rpc_of, translate
 from topolvm.lvmd.state import LvmState
@@ -70,6 +71,16 @@ class VolumeDataService:
     async def _find(self, dc: DeviceClass, *names: str) -> list[LvRecord]:
         """The LVs ``names`` of ``dc``, all from one fresh report."""
         return _pick(await self.state.fresh(), dc, *names)
+
+    async def _find_known(self, dc: DeviceClass, *names: str) -> list[LvRecord]:
+        """The LVs ``names`` of ``dc`` as lvmd's model has them (its own changes in it), from a
+        fresh report only when one is missing there: for what the model knows exactly (names,
+        origins), a cut lvmd just made costs no report."""
+        report = self.state.cached()
+        if report is not None:
+            with contextlib.suppress(status.NotFound, PoolMissing):
+                return _pick(report, dc, *names)
+        return await self._find(dc, *names)
 
     async def _lv_field(self, full_name: str, field: str) -> int:
         doc = await self.runner.report("lvs", full_name, "-o", field)
@@ -201,8 +212,8 @@ class VolumeDataService:
         dc = resolve(self.config, request.device_class)
         if dc.is_thin:
             raise status.FailedPrecondition(f"device class {dc.name} is thin: see ThinDelta")
-        lv, base = await self._find(dc, validate.lv_name(request.name),
-                                    validate.lv_name(request.base, "base"))  # fmt: skip
+        lv, base = await self._find_known(dc, validate.lv_name(request.name),
+                                          validate.lv_name(request.base, "base"))  # fmt: skip
         snapshots = [x for x in (lv, base) if x.origin]
         if (lv.origin or lv.name) != (base.origin or base.name) or not snapshots:
             raise status.FailedPrecondition(
@@ -212,6 +223,14 @@ class VolumeDataService:
         async with self.state.lock:  # no LVM change (a cut's removal) while the tables are read
             for snap in snapshots:
                 tables.append(await self._table(snap))
+            # then their state as LVM has it, for a snapshot the kernel dropped without managing
+            # to mark its header invalid (an I/O error there): one lvs for both
+            states = await cow_states(self.runner, [snap.full_name for snap in snapshots])
+        for snap in snapshots:
+            if states[snap.full_name][0]:
+                raise status.FailedPrecondition(
+                    f"{snap.full_name} overflowed: its table is not kept"
+                )
         chunk = max(c for c, _ in tables)  # both tables in the larger chunks (powers of two)
         ranges = chunk_ranges({n * c // chunk for c, chunks in tables for n in chunks}, chunk)
         log.info("read COW delta", extra={"lv": lv.full_name, "base": base.full_name,
@@ -221,8 +240,8 @@ class VolumeDataService:
             yield reply
 
     async def _table(self, snap: LvRecord) -> tuple[int, set[int]]:
-        """A COW snapshot's exception table; then its state as LVM has it, for a snapshot the
-        kernel dropped without managing to mark its header invalid (an I/O error there)."""
+        """A COW snapshot's exception table (its state as LVM has it is the caller's to
+        check)."""
         cow = f"/dev/mapper/{dm_name(snap.vg_name, snap.name, 'cow')}"
         try:
             table = await asyncio.to_thread(_cow_table, cow)
@@ -232,9 +251,6 @@ class VolumeDataService:
             raise status.FailedPrecondition(f"{snap.full_name}: {e}") from e
         except (OSError, CowTableError) as e:
             raise status.Internal(f"cannot read the exception table of {cow}: {e}") from e
-        invalid, _ = await cow_state(self.runner, snap.full_name)
-        if invalid:
-            raise status.FailedPrecondition(f"{snap.full_name} overflowed: its table is not kept")
         return table
 
     async def _dump(self, *lvs: LvRecord, runs: bool = False) -> list[ThinDump]:
