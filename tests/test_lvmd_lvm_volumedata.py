@@ -183,10 +183,15 @@ async def test_a_thin_delta_covers_exactly_the_chunks_written_between_two_snapsh
         return [(o, n) for m in await _all(both.data.ThinDelta(req))
                 for o, n in zip(m.offsets, m.lengths, strict=True)]  # fmt: skip
 
-    # a snapshot lvmd just made: its uuid from its device, as LVM reports it
+    # a snapshot lvmd just made: its uuid from its device, as LVM reports it, with no LVM
+    # command (lvmd's model has it in its pool before a report gives its lv_attr; the pool's
+    # chunk size is read once, by a first describe)
+    await both.data.DescribeLV(vd.DescribeLVRequest(name="t", device_class="thin"))
+    calls = both.server.runner.calls
     made = await both.data.DescribeLV(
         vd.DescribeLVRequest(name="t-b", device_class="thin", with_uuid=True)
     )
+    assert both.server.runner.calls == calls
     assert made.uuid == _lv_fields("vg1/t-b", "lv_uuid")["lv_uuid"]
     # the device ids thin_dump is given come from lvmd's fullreport (no lvs per volume)
     out = lvm(*FULLREPORT_ARGS, "--reportformat", "json", "--units", "b", "--nosuffix")

@@ -43,8 +43,11 @@ class Pool:
                 if not lv.is_thin_pool and not lv.is_thin_volume
             ]
         name = self.thin_pool.name
+        # a thin volume lvmd made since the last report has no lv_attr yet, its pool it has
         return [
-            lv for lv in report.lvs_of(self.vg.name) if lv.is_thin_volume and lv.pool_lv == name
+            lv
+            for lv in report.lvs_of(self.vg.name)
+            if lv.pool_lv == name and (lv.is_thin_volume or not lv.attr)
         ]
 
     def free(self, report: Report) -> int:

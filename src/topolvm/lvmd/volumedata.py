@@ -108,7 +108,7 @@ class VolumeDataService:
             async with self.state.lock:
                 report = await self.state.current_locked()
         lv = next((x for x in find_pool(report, dc).lvs(report) if x.name == name), None)
-        if lv is not None and uuid and not lv.uuid:  # one lvmd just made: its device says
+        if lv is not None and not lv.uuid:  # one lvmd just made: its device says
             dev = block_device(f"/dev/{lv.vg_name}/{lv.name}")
             found = lv_uuid_of_dm(dm_uuid(dev[0], dev[1])) if dev is not None else None
             lv = replace(lv, uuid=found) if found else lv
