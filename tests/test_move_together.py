@@ -27,7 +27,7 @@ from topolvm.constants import NORMAL
 from topolvm.controller.moves import MoveReconciler
 from topolvm.k8s import api
 from topolvm.k8s.moveobject import MovePhase, manifest
-from topolvm.move import reads
+from topolvm.move import prepull, reads
 
 TOGETHER = ("data-web-0", "logs-web-0")
 
@@ -156,13 +156,20 @@ async def test_the_pod_stops_only_once_every_pre_copy_is_done(
     assert data.status.message == "pre-copy done; waiting for claim logs-web-0's (phase PreCopy)"
     assert emu.get("pods", "web-0", NS) is not None  # the pod runs on
     logs = await _move(r, "logs-web-0")
+    # one pre-pull pod for the pod, made by the move of its first claim; the other move took
+    # that pull's outcome
+    pulls = [p["metadata"]["name"] for p in emu.list("pods")
+             if p["metadata"]["name"].startswith("topolvm-prepull-")]  # fmt: skip
+    assert pulls == [prepull.pod_name(data.uid)], pulls
+    assert logs.status.condition(prepull.ImagesPulled.TYPE) == data.status.condition(
+        prepull.ImagesPulled.TYPE
+    )
+    assert logs.status.condition(prepull.ImagesPulled.TYPE) is not None
     await _set_copy_done(r, logs.status.target_volume)
-    await r.reconcile(f"{NS}/data-web-0")  # logs' image pre-pull is not recorded yet
-    assert (await _move(r, "data-web-0")).status.phase == MovePhase.PRE_COPY
-    await r.reconcile(f"{NS}/logs-web-0")  # its pull over, its companion's too: it stops
-    assert (await _move(r, "logs-web-0")).status.phase == MovePhase.STOPPING
-    await r.reconcile(f"{NS}/data-web-0")
+    await r.reconcile(f"{NS}/data-web-0")  # every pre-copy and the pull done: it stops
     assert (await _move(r, "data-web-0")).status.phase == MovePhase.STOPPING
+    await r.reconcile(f"{NS}/logs-web-0")
+    assert (await _move(r, "logs-web-0")).status.phase == MovePhase.STOPPING
 
 
 async def test_one_claims_failure_rolls_the_others_back(

@@ -39,7 +39,7 @@ from topolvm.constants import Names
 from topolvm.controller.movesteps import Rollback
 from topolvm.k8s import api
 from topolvm.k8s.lvstore import LogicalVolumeStore
-from topolvm.k8s.moveobject import MovePhase, MoveStatus, VolumeMoveObject
+from topolvm.k8s.moveobject import Condition, MovePhase, MoveStatus, VolumeMoveObject
 from topolvm.move import verdict
 from topolvm.move.prepull import ImagesPulled
 from topolvm.move.rules import Refused
@@ -216,6 +216,18 @@ class Group:
             if target is None or not verdict.cut_made(other.uid, target):
                 return f"waiting for claim {claim}'s target volume to be cut for its verification"
         return ""
+
+    @property
+    def puller(self) -> str:
+        """The claim whose move pulls the pod's images on the target for the whole group (the
+        first of its claims): one pre-pull pod for the pod, not one per claim."""
+        return min({self.vm.claim, *self.vm.together})
+
+    def pulled_for_group(self) -> Condition | None:
+        """The puller's ``ImagesPulled`` condition, once it has one (None before, or while its
+        VolumeMove is not there yet)."""
+        other = self.others.get(self.puller)
+        return None if other is None else other.status.condition(ImagesPulled.TYPE)
 
     @property
     def past_precopy(self) -> bool:

@@ -289,7 +289,11 @@ class MoveReconciler:
         progress = target_copy.progress(MovePhase.PRE_COPY, target)
         pulling = ""  # the pod's images are pulled on the target meanwhile (moveprepull)
         if (pulled := s.condition(ImagesPulled.TYPE)) is None:
-            pulled, pulling = await self.prepull.check(vm)
+            if group.puller == vm.claim:  # one pull for the pod, by its first claim's move
+                pulled, pulling = await self.prepull.check(vm)
+            else:
+                pulled = group.pulled_for_group()
+                pulling = f"its images are pulled by the move of claim {group.puller}"
             s = s if pulled is None else s.with_condition(pulled)
         if not target.copy_done:
             return replace(s, **progress)

@@ -11,7 +11,6 @@ from grpclib.const import Status
 from topolvm.config.lvmd import DeviceClass, LvmdConfig
 from topolvm.constants import SIZE_ALIGNMENT
 from topolvm.lvm import validate
-from topolvm.lvm.command import LvmRunner
 from topolvm.lvm.errors import InvalidInput, LvmError
 from topolvm.lvm.report import (
     LV_FIELDS,
@@ -24,6 +23,7 @@ from topolvm.lvm.report import (
     without_lv,
 )
 from topolvm.lvmd.capacity import Pool, PoolMissing, cached_will_do, find_pool
+from topolvm.lvmd.cowstate import cow_state
 from topolvm.lvmd.service import block_device, resolve, rpc_of, to_pb
 from topolvm.lvmd.state import LvmState
 from topolvm.lvmd.thin_repair import inactive_thin, lost_thin, run_on_pool
@@ -39,29 +39,6 @@ def _no_space(free: int, requested: int) -> status.StatusError:
     return status.ResourceExhausted(
         f"no enough space left on VG: free={free}, requested={requested}",
     )
-
-
-async def cow_state(runner: LvmRunner, full_name: str) -> tuple[bool, int]:
-    """Whether the COW snapshot ``full_name`` overflowed (``lv_attr`` state ``I``, invalid, or
-    ``S``, invalid and suspended; or its area full), and its copy-on-write area: read now."""
-    return (await cow_states(runner, [full_name]))[full_name]
-
-
-async def cow_states(runner: LvmRunner, full_names: list[str]) -> dict[str, tuple[bool, int]]:
-    """:func:`cow_state` of each of ``full_names``, from one ``lvs``."""
-    fields = "lv_full_name,lv_attr,lv_size,snap_percent"
-    doc = await runner.report("lvs", *full_names, "-o", fields)
-    out: dict[str, tuple[bool, int]] = {}
-    try:
-        for row in doc["report"][0]["lv"]:
-            attr, size = str(row["lv_attr"]), int(row["lv_size"])
-            full = float(row.get("snap_percent") or 0) >= 100.0
-            out[str(row["lv_full_name"])] = (attr[4:5] in ("I", "S") or full, size)
-    except (KeyError, IndexError, TypeError, ValueError) as e:
-        raise status.Internal(f"lvs printed no state for {', '.join(full_names)}: {doc}") from e
-    if missing := [n for n in full_names if n not in out]:
-        raise status.Internal(f"lvs printed no state for {', '.join(missing)}: {doc}")
-    return out
 
 
 class LVService:

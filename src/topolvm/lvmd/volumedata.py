@@ -32,6 +32,7 @@ import mmap
 import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
+from pathlib import Path
 
 from topolvm.config.lvmd import DeviceClass, LvmdConfig
 from topolvm.lvm import validate
@@ -46,7 +47,8 @@ from topolvm.lvm.errors import LvmError
 from topolvm.lvm.report import LvRecord, Report, has_cow_snapshot, lv_uuid_of_dm
 from topolvm.lvm.thinmap import ThinDump, ThinDumpError, changed_ranges, dm_name
 from topolvm.lvmd.capacity import PoolMissing, find_pool
-from topolvm.lvmd.lvservice import LVService, cow_state, cow_states
+from topolvm.lvmd.cowstate import cow_state, cow_states
+from topolvm.lvmd.lvservice import LVService
 from topolvm.lvmd.openers import open_state
 from topolvm.lvmd.service import block_device, dm_uuid, resolve, rpc_of, translate
 from topolvm.lvmd.state import LvmState
@@ -109,8 +111,7 @@ class VolumeDataService:
                 report = await self.state.current_locked()
         lv = next((x for x in find_pool(report, dc).lvs(report) if x.name == name), None)
         if lv is not None and not lv.uuid:  # one lvmd just made: its device says
-            dev = block_device(f"/dev/{lv.vg_name}/{lv.name}")
-            found = lv_uuid_of_dm(dm_uuid(dev[0], dev[1])) if dev is not None else None
+            found = _uuid_of_device(lv)
             lv = replace(lv, uuid=found) if found else lv
         if lv is None or (uuid and not lv.uuid):
             report = await self.state.fresh()
@@ -227,7 +228,15 @@ class VolumeDataService:
             # to mark its header invalid (an I/O error there): one lvs for both
             states = await cow_states(self.runner, [snap.full_name for snap in snapshots])
         for snap in snapshots:
-            if states[snap.full_name][0]:
+            now = states[snap.full_name]
+            # the model named them (lvmd's own cuts, no report since): LVM must agree that they
+            # are these very cuts of this origin, or the delta would be another's
+            if now.origin != snap.origin or (snap.uuid and now.uuid != snap.uuid):
+                raise status.FailedPrecondition(
+                    f"{snap.full_name} is no longer the cut lvmd made (origin {now.origin!r}, "
+                    f"uuid {now.uuid}): LVM changed it outside lvmd"
+                )
+            if now.invalid:
                 raise status.FailedPrecondition(
                     f"{snap.full_name} overflowed: its table is not kept"
                 )
@@ -300,6 +309,21 @@ class VolumeDataService:
         except LvmError as e:
             log.warning("could not release the metadata snapshot",
                         extra={"pool": tpool, "stderr": e.stderr})  # fmt: skip
+
+
+def _uuid_of_device(lv: LvRecord) -> str | None:
+    """The LV's uuid from its device-mapper device (sysfs), if the device its node points to
+    is that LV's (not another that took a stale node's numbers)."""
+    dev = block_device(f"/dev/{lv.vg_name}/{lv.name}")
+    if dev is None:
+        return None
+    try:
+        named = Path(f"/sys/dev/block/{dev[0]}:{dev[1]}/dm/name").read_text().strip()
+    except OSError:
+        return None
+    if named != dm_name(lv.vg_name, lv.name):
+        return None
+    return lv_uuid_of_dm(dm_uuid(dev[0], dev[1]))
 
 
 def _pick(report: Report, dc: DeviceClass, *names: str) -> list[LvRecord]:
