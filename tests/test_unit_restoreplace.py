@@ -18,12 +18,8 @@ from topolvm.constants import NORMAL
 from topolvm.controller import podmutate
 from topolvm.controller.copies import PlacementError, placement
 from topolvm.controller.podmutate import decide
-from topolvm.controller.restoreplace import (
-    PlacementValueError,
-    data_source,
-    preferring,
-    prefers_source,
-)
+from topolvm.controller.restoreplace import data_source, preferring
+from topolvm.placement import PlacementValueError, prefers_source
 
 KEY = "preferredDuringSchedulingIgnoredDuringExecution"
 SNAP = {"kind": "VolumeSnapshot", "apiGroup": "snapshot.storage.k8s.io"}

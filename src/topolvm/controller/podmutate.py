@@ -30,16 +30,11 @@ import jsonpatch
 
 from topolvm.capacity_annotations import class_key, encode_pod
 from topolvm.constants import DEFAULT_SIZE, Names
-from topolvm.controller.restoreplace import (
-    PlacementValueError,
-    Sources,
-    preferring,
-    prefers_source,
-    source_node,
-)
+from topolvm.controller.restoreplace import Sources, preferring, source_node
 from topolvm.k8s.lvobject import InvalidQuantity, parse_quantity
 from topolvm.k8s.moveobject import MovePhase
 from topolvm.move.claims import gate_name
+from topolvm.placement import PlacementValueError, prefers_source
 
 Obj = dict[str, Any]
 DecisionKind = Literal["mutated", "allowed", "denied", "errored"]

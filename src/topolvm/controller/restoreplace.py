@@ -27,9 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from topolvm.constants import Names
-from topolvm.placement import ANYWHERE, SOURCE_NODE, PlacementValueError, prefers_source
-
-__all__ = ["ANYWHERE", "SOURCE_NODE", "PlacementValueError", "prefers_source"]
+from topolvm.placement import prefers_source
 
 Obj = dict[str, Any]
 
