@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from topolvm.k8s.runtime import Controller, Informer
 from topolvm.node.lvmd_client import SocketLvmd
 from topolvm.node.reconciler import LogicalVolumeReconciler
 from topolvm.node.verify import VerifyJobs
+from topolvm.node.verifyread import verify_cut_name
 from topolvm.proto import lvmd_pb2 as pb
 
 pytestmark = pytest.mark.uml
@@ -248,3 +250,28 @@ async def test_a_thick_cut_that_overflows_fails_the_verification(env: Env) -> No
     assert st["phase"] == "Failed" and "overflowed" in st["message"], st
     assert not st.get("digest")
     assert await eventually("no verification cut left", lambda: not verify_cuts(), 10)
+
+
+async def test_a_read_cut_is_removed_only_after_the_next_verifications_cut(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The claims of one moved pod are asked for within a second or so, and the pod starts once
+    every cut is made: a cut that is read already waits, so that the removal (an LVM change,
+    and lvmd makes one at a time) does not go before the next verification's cut."""
+    caplog.set_level(logging.INFO, logger="topolvm.node.verify")
+    env.node()
+    first = await env.volume("first", "64Mi", "thin")
+    await env.volume("second", "64Mi")
+    dd(first, 0, MiB)
+    await env.ask("first", "m1")
+    assert (await env.done("first", "m1"))["phase"] == "Done"
+    await env.ask("second", "m1")
+    assert (await env.done("second", "m1"))["phase"] == "Done"
+    assert await eventually("no verification cut left", lambda: not verify_cuts(), 10)
+    uid = (env.obj("first") or {})["metadata"]["uid"]
+    told = [r.getMessage() if r.getMessage() != "removed a verification cut"
+            else f"removed {r.__dict__.get('cut')}" for r in caplog.records
+            if r.name == "topolvm.node.verify"]  # fmt: skip
+    made = [i for i, m in enumerate(told) if m == "verification cut made"]
+    assert len(made) == 2, told
+    assert told.index(f"removed {verify_cut_name(uid)}") > made[1], told

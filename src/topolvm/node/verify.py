@@ -57,6 +57,12 @@ log = logging.getLogger(__name__)
 # lvmd's answers that waiting may mend; any other fails the verification
 TRANSIENT = frozenset({Status.UNAVAILABLE, Status.INTERNAL, Status.UNKNOWN,
                        Status.DEADLINE_EXCEEDED, Status.ABORTED})  # fmt: skip
+# A read cut is removed this long after its digest at the soonest, and not while another
+# verification of the node waits for its cut (at most CUTS_FIRST more): the claims of one moved
+# pod are asked for within a second or so, their pod starts once every cut is made, and lvmd
+# runs one LVM change at a time (an lvremove going first held a second cut back 1.5 s).
+REMOVE_AFTER = 1.5
+CUTS_FIRST = 10.0
 
 
 class VerifyFailed(Exception):
@@ -67,6 +73,7 @@ class VerifyJobs:
     def __init__(
         self, client: AsyncClient, names: Names, node: str, lvmd: LvmdClient,
         bandwidth: int = 0, retry_first: float = 2.0, retry_max: float = 60.0,
+        remove_after: float = REMOVE_AFTER,
     ) -> None:  # fmt: skip
         self.client = client
         self.node = node
@@ -74,6 +81,9 @@ class VerifyJobs:
         self.volumes = LvmdVolumes(lvmd)
         self.bandwidth = bandwidth
         self.retry = (retry_first, retry_max)
+        self.remove_after = remove_after
+        self._uncut: set[str] = set()  # LogicalVolumes whose job has not made its cut yet
+        self._cut_made = asyncio.Condition()
         self.resource = api.logicalvolume_resource(names)
         self._tasks: dict[str, tuple[str, asyncio.Task[None]]] = {}  # name -> (id, job)
         self._reading = asyncio.Semaphore(1)  # one volume read at a time per node
@@ -122,6 +132,13 @@ class VerifyJobs:
         if earlier is not None:  # its thread no longer reads, its cut is not removed under us
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await earlier
+        self._uncut.add(name)
+        try:
+            await self._tries(name, verify_id)
+        finally:
+            await self._made(name)
+
+    async def _tries(self, name: str, verify_id: str) -> None:
         delay = self.retry[0]
         while True:
             lv = None
@@ -172,6 +189,7 @@ class VerifyJobs:
             await self._write(lv.name, st)
             log.info("verification cut made", extra={"lv": lv.name, "cut": cut,
                                                      "id": lv.verify_id})  # fmt: skip
+        await self._made(lv.name)
         size = lv.verify_size or int(info.size_bytes)
         if size > info.size_bytes:
             raise VerifyFailed(f"asked for a digest of {size} bytes of a {info.size_bytes}-byte "
@@ -274,8 +292,26 @@ class VerifyJobs:
         st = VerifyStatus(lv.verify_id, phase, message or f"digest of {human(size)}", digest,
                           size, cut_time, now())  # fmt: skip
         await self._write(lv.name, st)
+        await self._others_cut_first(lv.name)
         with contextlib.suppress(LvmdCallError):  # else the sweep removes it
             await self._remove_cut(lv.uid, lv.device_class)
+
+    async def _others_cut_first(self, name: str) -> None:
+        """Wait :attr:`remove_after`, then while another verification of this node has not
+        made its cut (at most :data:`CUTS_FIRST`): a moved pod waits for those, not for this
+        removal."""
+        await asyncio.sleep(self.remove_after)
+        async with self._cut_made:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._cut_made.wait_for(lambda: not self._uncut - {name}), CUTS_FIRST
+                )
+
+    async def _made(self, name: str) -> None:
+        """``name``'s job made its cut, or ended."""
+        self._uncut.discard(name)
+        async with self._cut_made:
+            self._cut_made.notify_all()
 
     async def _cut_exists(self, cut: str, dc: str) -> bool:
         """From lvmd's model, which has every cut lvmd made (asking lvremove about one that is
