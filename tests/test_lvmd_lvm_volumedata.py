@@ -199,6 +199,13 @@ async def test_a_thin_delta_covers_exactly_the_chunks_written_between_two_snapsh
     for name in ("t", "t-a", "t-b"):
         assert ids[name] == int(_lv_fields(f"vg1/{name}", "thin_id")["thin_id"]), ids
     assert ids["pool0"] is None
+    # a delta right after a cut (a move's final copy, the pod down): the LVs from lvmd's
+    # model, no report; the ids thin_dump gets from the kernel's tables of their devices
+    await both.lv.CreateLVSnapshot(pb.CreateLVSnapshotRequest(
+        name="t-c", device_class="thin", source_volume="t", access_type="ro"))  # fmt: skip
+    reports = both.server.state.refreshes
+    assert await delta("t-c", "t-a") == written
+    assert both.server.state.refreshes == reports
     assert await delta("t-b", "t-a") == written
     assert await delta("t-a", "t-b") == written  # the same blocks differ either way
     assert await delta("t", "t-b") == []  # nothing written since B

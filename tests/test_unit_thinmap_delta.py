@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.fuzz_helpers import fuzz as fuzz_settings
-from topolvm.lvm.thinmap import Run, ThinDump, ThinDumpError, changed_ranges
+from topolvm.lvm.thinmap import Run, ThinDump, ThinDumpError, changed_ranges, thin_target
 
 fuzz = fuzz_settings(300)
 BLOCK = 65536  # data_block_size 128 sectors
@@ -144,3 +144,13 @@ def test_a_snapshot_and_its_origin_differ_where_the_origin_was_written() -> None
     expected = [(o * BLOCK, n * BLOCK) for o, n in _reference(later, origin)]
     assert len(expected) > 100
     assert changed_ranges(later, origin, BLOCK) == expected
+
+
+def test_a_thin_devices_table_gives_its_pool_and_device_id() -> None:
+    """ThinDelta's device ids come from the kernel's tables of the devices (dmsetup table)."""
+    assert thin_target("0 2097152 thin 253:4 7\n") == ("253:4", 7)
+    assert thin_target("0 2097152 thin 253:4 12 253:9") == ("253:4", 12)  # external origin
+    assert thin_target("0 2097152 linear 8:16 2048") is None  # not a thin volume
+    assert thin_target("0 1024 thin 253:4 7\n1024 1024 thin 253:4 8") is None  # two targets
+    assert thin_target("0 2097152 thin 253:4 x") is None
+    assert thin_target("") is None

@@ -149,3 +149,16 @@ def dm_name(vg: str, lv: str, layer: str = "") -> str:
     """The device-mapper name LVM gives ``vg/lv`` (dashes doubled, ``-layer`` appended)."""
     name = f"{vg.replace('-', '--')}-{lv.replace('-', '--')}"
     return f"{name}-{layer}" if layer else name
+
+
+def thin_target(table: str) -> tuple[str, int] | None:
+    """(pool device ``major:minor``, device id) of a thin volume's device-mapper table, as
+    ``dmsetup table`` prints it (``0 <sectors> thin <pool> <id> [<external origin>]``); None
+    if the table is not one thin target."""
+    lines = table.strip().splitlines()
+    if len(lines) != 1:
+        return None
+    fields = lines[0].split()
+    if len(fields) < 5 or fields[2] != "thin" or not fields[4].isdigit():
+        return None
+    return fields[3], int(fields[4])

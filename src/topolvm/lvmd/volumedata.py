@@ -45,7 +45,13 @@ from topolvm.lvm.cowtable import (
 )
 from topolvm.lvm.errors import LvmError
 from topolvm.lvm.report import LvRecord, Report, has_cow_snapshot, lv_uuid_of_dm
-from topolvm.lvm.thinmap import ThinDump, ThinDumpError, changed_ranges, dm_name
+from topolvm.lvm.thinmap import (
+    ThinDump,
+    ThinDumpError,
+    changed_ranges,
+    dm_name,
+    thin_target,
+)
 from topolvm.lvmd.capacity import PoolMissing, find_pool
 from topolvm.lvmd.cowstate import cow_state, cow_states
 from topolvm.lvmd.lvservice import LVService
@@ -192,12 +198,17 @@ class VolumeDataService:
         dc = resolve(self.config, request.device_class)
         if not dc.is_thin:
             raise status.FailedPrecondition(f"device class {dc.name} is not thin")
-        lv, base = await self._find(dc, validate.lv_name(request.name),
-                                    validate.lv_name(request.base, "base"))  # fmt: skip
+        # from the model: a cut lvmd just made costs no report (a move's final cut, the pod
+        # down); the device ids from the kernel's tables of the devices the copy reads
+        lv, base = await self._find_known(dc, validate.lv_name(request.name),
+                                          validate.lv_name(request.base, "base"))  # fmt: skip
         if (lv.vg_name, lv.pool_lv) != (base.vg_name, base.pool_lv) or not lv.pool_lv:
             raise status.FailedPrecondition(
                 f"{lv.full_name} and {base.full_name} are not thin volumes of one pool"
             )
+        ids = [await self._kernel_thin_id(x) for x in (lv, base)]
+        lv, base = [x if i is None else replace(x, thin_id=i)
+                    for x, i in zip((lv, base), ids, strict=True)]  # fmt: skip
         dump, base_dump = await self._dump(lv, base, runs=True)
         ranges = changed_ranges(dump.runs, base_dump.runs, dump.block_bytes)
         ctx = {"lv": lv.full_name, "base": base.full_name, "ranges": len(ranges),
@@ -261,6 +272,24 @@ class VolumeDataService:
         except (OSError, CowTableError) as e:
             raise status.Internal(f"cannot read the exception table of {cow}: {e}") from e
         return table
+
+    async def _kernel_thin_id(self, lv: LvRecord) -> int | None:
+        """The thin device id in the kernel's table of ``lv``'s device, checked to be a thin
+        volume of ``lv``'s pool; None when it is not active (LVM's id is used then)."""
+        if block_device(f"/dev/{lv.vg_name}/{lv.name}") is None:
+            return None
+        try:
+            table = await self.runner.run_tool("dmsetup", "table", dm_name(lv.vg_name, lv.name))
+        except LvmError as e:
+            raise status.Internal(f"cannot read the device table of {lv.full_name}: {e}") from e
+        target = thin_target(table)
+        pool = block_device(f"/dev/mapper/{dm_name(lv.vg_name, lv.pool_lv, 'tpool')}")
+        if target is None or pool is None or target[0] != f"{pool[0]}:{pool[1]}":
+            raise status.FailedPrecondition(
+                f"{lv.full_name}'s device is not a thin volume of pool {lv.pool_lv} (its table: "
+                f"{table.strip()!r}): LVM changed it outside lvmd"
+            )
+        return target[1]
 
     async def _dump(self, *lvs: LvRecord, runs: bool = False) -> list[ThinDump]:
         """The mappings of thin volumes of one pool, all from one metadata snapshot."""
