@@ -153,4 +153,6 @@ def test_a_thin_devices_table_gives_its_pool_and_device_id() -> None:
     assert thin_target("0 2097152 linear 8:16 2048") is None  # not a thin volume
     assert thin_target("0 1024 thin 253:4 7\n1024 1024 thin 253:4 8") is None  # two targets
     assert thin_target("0 2097152 thin 253:4 x") is None
+    assert thin_target("0 2097152 thin 253:4 \u00b2") is None  # a digit to str, not to int
+    assert thin_target("8 2097152 thin 253:4 7") is None  # not from the device's start
     assert thin_target("") is None

@@ -159,6 +159,8 @@ def thin_target(table: str) -> tuple[str, int] | None:
     if len(lines) != 1:
         return None
     fields = lines[0].split()
-    if len(fields) < 5 or fields[2] != "thin" or not fields[4].isdigit():
+    if len(fields) < 5 or fields[:1] != ["0"] or fields[2] != "thin":
+        return None
+    if not (fields[4].isascii() and fields[4].isdigit()):
         return None
     return fields[3], int(fields[4])

@@ -206,10 +206,7 @@ class VolumeDataService:
             raise status.FailedPrecondition(
                 f"{lv.full_name} and {base.full_name} are not thin volumes of one pool"
             )
-        ids = [await self._kernel_thin_id(x) for x in (lv, base)]
-        lv, base = [x if i is None else replace(x, thin_id=i)
-                    for x, i in zip((lv, base), ids, strict=True)]  # fmt: skip
-        dump, base_dump = await self._dump(lv, base, runs=True)
+        dump, base_dump = await self._dump(lv, base, runs=True, kernel=True)
         ranges = changed_ranges(dump.runs, base_dump.runs, dump.block_bytes)
         ctx = {"lv": lv.full_name, "base": base.full_name, "ranges": len(ranges),
                "changed_bytes": sum(n for _, n in ranges)}  # fmt: skip
@@ -273,35 +270,45 @@ class VolumeDataService:
             raise status.Internal(f"cannot read the exception table of {cow}: {e}") from e
         return table
 
-    async def _kernel_thin_id(self, lv: LvRecord) -> int | None:
-        """The thin device id in the kernel's table of ``lv``'s device, checked to be a thin
-        volume of ``lv``'s pool; None when it is not active (LVM's id is used then)."""
-        if block_device(f"/dev/{lv.vg_name}/{lv.name}") is None:
-            return None
+    async def _thin_id(self, lv: LvRecord, kernel: bool) -> int:
+        """``lv``'s thin device id: with ``kernel``, an active one's from the kernel's table of
+        its device, which must be a thin volume of ``lv``'s pool and, where lvmd's model knows
+        them, have the model's id and uuid; else (or inactive) LVM's."""
+        dev = block_device(f"/dev/{lv.vg_name}/{lv.name}") if kernel else None
+        if dev is None:
+            if lv.thin_id is not None:
+                return lv.thin_id
+            return await self._lv_field(lv.full_name, "thin_id")
         try:
             table = await self.runner.run_tool("dmsetup", "table", dm_name(lv.vg_name, lv.name))
         except LvmError as e:
             raise status.Internal(f"cannot read the device table of {lv.full_name}: {e}") from e
         target = thin_target(table)
         pool = block_device(f"/dev/mapper/{dm_name(lv.vg_name, lv.pool_lv, 'tpool')}")
-        if target is None or pool is None or target[0] != f"{pool[0]}:{pool[1]}":
+        uuid = lv_uuid_of_dm(dm_uuid(dev[0], dev[1]))
+        pool_dev = f"{pool[0]}:{pool[1]}" if pool is not None else "-"
+        if (target is None or target[0] != pool_dev or lv.thin_id not in (None, target[1])
+                or (lv.uuid and uuid != lv.uuid)):  # fmt: skip
             raise status.FailedPrecondition(
-                f"{lv.full_name}'s device is not a thin volume of pool {lv.pool_lv} (its table: "
-                f"{table.strip()!r}): LVM changed it outside lvmd"
-            )
+                f"{lv.full_name}'s device (table {table.strip()!r}, uuid {uuid}) is not the thin "
+                f"volume of pool {lv.pool_lv} that lvmd knows (id {lv.thin_id}, uuid "
+                f"{lv.uuid}): LVM changed it outside lvmd"
+            )  # fmt: skip
         return target[1]
 
-    async def _dump(self, *lvs: LvRecord, runs: bool = False) -> list[ThinDump]:
-        """The mappings of thin volumes of one pool, all from one metadata snapshot."""
+    async def _dump(
+        self, *lvs: LvRecord, runs: bool = False, kernel: bool = False
+    ) -> list[ThinDump]:
+        """The mappings of thin volumes of one pool, all from one metadata snapshot (their ids
+        read under lvmd's lock, as that snapshot is: no change of lvmd's comes between);
+        ``kernel``: see :meth:`_thin_id`."""
         first = lvs[0]
-        dumps = [ThinDump(lv.thin_id if lv.thin_id is not None
-                          else await self._lv_field(lv.full_name, "thin_id"), runs=runs)
-                 for lv in lvs]  # fmt: skip
         tpool = dm_name(first.vg_name, first.pool_lv, "tpool")
         tmeta = f"/dev/mapper/{dm_name(first.vg_name, first.pool_lv + '_tmeta')}"
         async with self.state.lock:
             await self._reserve(tpool)
             try:
+                dumps = [ThinDump(await self._thin_id(lv, kernel), runs=runs) for lv in lvs]
                 for lv, dump in zip(lvs, dumps, strict=True):
                     try:
                         await self.runner.tool_lines("thin_dump", "--metadata-snap", "--dev-id",

@@ -130,8 +130,8 @@ class VerifyJobs:
 
     async def _job(self, name: str, verify_id: str, earlier: asyncio.Task[None] | None) -> None:
         if earlier is not None:  # its thread no longer reads, its cut is not removed under us
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await earlier
+            # (asyncio.wait: this job's own cancel ends it, and is not passed on to the earlier)
+            await asyncio.wait({earlier})
         self._uncut.add(name)
         try:
             await self._tries(name, verify_id)
@@ -347,10 +347,13 @@ class VerifyJobs:
             log.warning("verification cut sweep skipped", extra={"error": kube.describe(e)})
             return
         asked = set()
+        running = set(self.running())  # a job keeps its cut a while after Done, or makes one
         for obj in items:
             with contextlib.suppress(InvalidQuantity, KeyError, TypeError, ValueError):
                 lv = LogicalVolumeObject.from_dict(obj)
-                if lv.node_name == self.node and lv.verify_pending and not lv.deleting:
+                if lv.node_name == self.node and (
+                    lv.name in running or (lv.verify_pending and not lv.deleting)
+                ):
                     asked.add(lv.uid)
         for dc, names in cuts.items():
             for name in names:
