@@ -37,6 +37,8 @@ class Lvmd:
         self.state = state  # None: an lvmd without OpenState
         self.asked_open = 0
         self.deltas = 0
+        self.existing: list[str] = []  # the cuts (Cuts's), by job
+        self.describe_hold: asyncio.Event | None = None  # lvmd describes once it is set
 
     async def open_state(self, name: str, device_class: str) -> vd.OpenStateResponse:
         self.asked_open += 1
@@ -45,6 +47,10 @@ class Lvmd:
         return self.state
 
     async def describe_lv(self, name: str, device_class: str, with_uuid: bool = False) -> Any:
+        if self.describe_hold is not None:
+            await self.describe_hold.wait()
+        if name.startswith("cut.") and name[4:] not in self.existing:
+            raise LvmdCallError(Status.NOT_FOUND, f"logical volume {name} is not found")
         return vd.DescribeLVResponse(path=f"/dev/vg/{name}", size_bytes=1 << 30, thin=True,
                                      chunk_bytes=64 << 10, uuid=f"uuid-{name}")  # fmt: skip
 
@@ -57,7 +63,9 @@ class Lvmd:
 class Cuts:
     def __init__(self, lvmd: Lvmd) -> None:
         self.lvmd = lvmd
-        self.existing = ["uid-t"]  # the first cut, kept since the pre-copy
+        self.existing = lvmd.existing
+        self.existing.append("uid-t")  # the first cut, kept since the pre-copy
+        self.lists = 0
         self.made: list[str] = []
         self.removed: list[str] = []
         self.checked: list[str] = []  # the cuts checked for an overflow
@@ -81,6 +89,7 @@ class Cuts:
         self.checked.append(job)
 
     async def listed(self, dc: str, strict: bool = False) -> list[str]:
+        self.lists += 1
         if self.list_hold is not None:
             await self.list_hold.wait()
         return list(self.existing)
@@ -140,9 +149,12 @@ async def test_the_final_copy_finds_its_cut_and_delta_made_when_the_source_close
     # the base, kept while the pod wrote, is checked for an overflow; the second cut, made
     # now of a closed source, cannot have overflowed (no LVM command for it, the pod down)
     assert final.fake.checked == ["uid-t"]
-    # the final copy is asked for: nothing more to cut, check, ask about or compare
+    # the final copy is asked for: nothing more to cut, check, ask about or compare, and no
+    # list of the cuts (a report, after lvmd's other changes): lvmd's model has both
+    lists = final.fake.lists
     assert await final.for_copy(FINAL, SOURCE) == (SECOND, FIRST)
     assert final.fake.made == [R2] and final.fake.checked == ["uid-t"]
+    assert final.fake.lists == lists
     assert final.lvmd.asked_open == 1
     assert await final.volumes.changed(SECOND, FIRST, "thin") == DELTA
     assert final.lvmd.deltas == 1
@@ -207,11 +219,11 @@ async def test_a_publish_while_the_early_cut_is_made_drops_it_without_waiting() 
 async def test_a_drop_queued_behind_a_final_copy_spares_the_cut_that_copy_reads() -> None:
     final = Final()
     await final.make_early(_target(), SOURCE, 0)
-    final.fake.list_hold = asyncio.Event()
+    final.lvmd.describe_hold = asyncio.Event()
     copying = asyncio.create_task(final.for_copy(FINAL, SOURCE))
     await asyncio.sleep(0.01)  # the final copy holds the target's lock, asking lvmd
     final.publishing("id-src")  # the early cut is not trusted; its drop waits for the lock
-    final.fake.list_hold.set()
+    final.lvmd.describe_hold.set()
     assert await copying == (SECOND, FIRST)  # cut again, once the source is closed
     await final.settle()
     assert final.fake.removed == [R2] and final.fake.made == [R2, R2]
@@ -321,3 +333,14 @@ async def test_a_hook_that_hangs_is_cut_short_and_the_next_still_runs(
     first, second = Hook(hang=True), Hook()
     await csihooks.run_hooks([first, second], "publishing", "v", "/t")  # type: ignore[list-item]
     assert first.calls == ["v"] and second.calls == ["v"]
+
+
+async def test_a_final_copy_whose_first_cut_is_gone_is_refused_though_its_early_cut_is_there() -> (
+    None
+):
+    final = Final()
+    await final.make_early(_target(), SOURCE, 0)
+    final.fake.existing.remove("uid-t")  # removed outside topolvm-node
+    with pytest.raises(Refused) as e:
+        await final.for_copy(FINAL, SOURCE)
+    assert e.value.reason == "unknown-job" and "cannot be a delta" in e.value.message

@@ -84,13 +84,18 @@ class FinalCuts:
         self, target: LogicalVolumeObject, source: LogicalVolumeObject, *, early: bool
     ) -> tuple[str, str]:
         dc, uid = source.device_class, target.uid
+        job = round_two(uid)
+        # made here early (below), both cuts in lvmd's model: found with no report, the final
+        # copy asking with the pod down; still early after the ask (a publish drops it)
+        if not early and uid in self.early and await self._there(dc, uid, job) \
+                and uid in self.early:  # fmt: skip
+            return self.cuts.known(job, dc), cut_name(uid)
         listed = await self.cuts.listed(dc, strict=True)
         if uid not in listed:
             raise Refused(
                 "unknown-job", f"the first cut of {source.name} that {target.name} was filled "
                 "from is gone: the move's final copy cannot be a delta"
             )  # fmt: skip
-        job = round_two(uid)
         if job in listed and uid in self.early:
             # made here once lvmd saw the source closed, the first cut checked then; nothing
             # wrote the source since (a publish drops it), so neither can have overflowed
@@ -112,6 +117,16 @@ class FinalCuts:
         if not (fresh and early):
             await self.cuts.check(job, dc)
         return second, cut_name(uid)
+
+    async def _there(self, dc: str, *jobs: str) -> bool:
+        """Whether lvmd has the cuts of ``jobs`` (a describe costs no LVM command for a cut in
+        its model; one gone, or any error, says no: the caller then lists them)."""
+        for job in jobs:
+            try:
+                await self.cuts.lvmd.describe_lv(cut_name(job), dc)
+            except LvmdCallError:
+                return False
+        return True
 
     async def _closed(self, source: LogicalVolumeObject, dc: str, *, strict: bool) -> None:
         """The second cut waits until nothing holds the source open: a pod whose object was
