@@ -19,7 +19,7 @@ from topolvm.node import csihooks
 from topolvm.node.finalcut import FinalCutHooks, FinalCuts
 from topolvm.node.lvmd_client import LvmdCallError
 from topolvm.node.orphans import copy_running, final_pending
-from topolvm.node.volumes import JobEnded, LvmdVolumes, cut_name, round_two
+from topolvm.node.volumes import LvmdVolumes, cut_name, round_two
 from topolvm.proto import volumedata_pb2 as vd
 from topolvm.transfer.errors import Refused, TransferError
 
@@ -39,6 +39,7 @@ class Lvmd:
         self.deltas = 0
         self.existing: list[str] = []  # the cuts (Cuts's), by job
         self.describe_hold: asyncio.Event | None = None  # lvmd describes once it is set
+        self.describe_error: Status | None = None  # lvmd's answer to a describe of a cut
 
     async def open_state(self, name: str, device_class: str) -> vd.OpenStateResponse:
         self.asked_open += 1
@@ -49,6 +50,8 @@ class Lvmd:
     async def describe_lv(self, name: str, device_class: str, with_uuid: bool = False) -> Any:
         if self.describe_hold is not None:
             await self.describe_hold.wait()
+        if name.startswith("cut.") and self.describe_error is not None:
+            raise LvmdCallError(self.describe_error, "lvmd is restarting")
         if name.startswith("cut.") and name[4:] not in self.existing:
             raise LvmdCallError(Status.NOT_FOUND, f"logical volume {name} is not found")
         return vd.DescribeLVResponse(path=f"/dev/vg/{name}", size_bytes=1 << 30, thin=True,
@@ -80,9 +83,7 @@ class Cuts:
         self.made.append(job)
         return cut_name(job)
 
-    def known(self, job: str, dc: str) -> str:
-        if job not in self.existing:
-            raise JobEnded("gone")
+    def known(self, job: str, dc: str) -> str:  # as topolvm-node's: no lvmd asked
         return cut_name(job)
 
     async def check(self, job: str, dc: str) -> None:
@@ -228,6 +229,31 @@ async def test_a_drop_queued_behind_a_final_copy_spares_the_cut_that_copy_reads(
     await final.settle()
     assert final.fake.removed == [R2] and final.fake.made == [R2, R2]
     assert R2 in final.fake.existing  # the queued drop spared the cut the final copy reads
+
+
+async def test_a_drop_queued_behind_a_final_copy_listing_the_cuts_spares_its_cut() -> None:
+    """The same when lvmd cannot describe the cuts (the final copy lists them instead)."""
+    final = Final()
+    await final.make_early(_target(), SOURCE, 0)
+    final.lvmd.describe_error = Status.UNAVAILABLE
+    final.fake.list_hold = asyncio.Event()
+    copying = asyncio.create_task(final.for_copy(FINAL, SOURCE))
+    await asyncio.sleep(0.01)
+    final.publishing("id-src")
+    final.fake.list_hold.set()
+    assert await copying == (SECOND, FIRST)
+    await final.settle()
+    assert final.fake.removed == [R2] and final.fake.made == [R2, R2]
+    assert R2 in final.fake.existing
+
+
+async def test_an_early_cut_removed_behind_its_back_is_made_again() -> None:
+    final = Final()
+    await final.make_early(_target(), SOURCE, 0)
+    final.fake.existing.remove(R2)  # removed outside topolvm-node
+    assert await final.for_copy(FINAL, SOURCE) == (SECOND, FIRST)
+    assert final.fake.made == [R2, R2] and final.fake.checked[-1] == R2
+    assert final.lvmd.asked_open == 2  # made again only once the source was seen closed
 
 
 async def test_a_publish_after_the_unmount_drops_a_cut_made_later() -> None:
