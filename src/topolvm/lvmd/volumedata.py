@@ -285,7 +285,7 @@ class VolumeDataService:
             raise status.Internal(f"cannot read the device table of {lv.full_name}: {e}") from e
         target = thin_target(table)
         pool = block_device(f"/dev/mapper/{dm_name(lv.vg_name, lv.pool_lv, 'tpool')}")
-        uuid = lv_uuid_of_dm(dm_uuid(dev[0], dev[1]))
+        uuid = _uuid_of_device(lv)  # None unless the device is named as this LV's
         pool_dev = f"{pool[0]}:{pool[1]}" if pool is not None else "-"
         if (target is None or target[0] != pool_dev or lv.thin_id not in (None, target[1])
                 or (lv.uuid and uuid != lv.uuid)):  # fmt: skip

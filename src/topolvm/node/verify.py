@@ -73,7 +73,6 @@ class VerifyJobs:
     def __init__(
         self, client: AsyncClient, names: Names, node: str, lvmd: LvmdClient,
         bandwidth: int = 0, retry_first: float = 2.0, retry_max: float = 60.0,
-        remove_after: float = REMOVE_AFTER,
     ) -> None:  # fmt: skip
         self.client = client
         self.node = node
@@ -81,7 +80,6 @@ class VerifyJobs:
         self.volumes = LvmdVolumes(lvmd)
         self.bandwidth = bandwidth
         self.retry = (retry_first, retry_max)
-        self.remove_after = remove_after
         self._uncut: set[str] = set()  # LogicalVolumes whose job has not made its cut yet
         self._cut_made = asyncio.Condition()
         self.resource = api.logicalvolume_resource(names)
@@ -297,10 +295,10 @@ class VerifyJobs:
             await self._remove_cut(lv.uid, lv.device_class)
 
     async def _others_cut_first(self, name: str) -> None:
-        """Wait :attr:`remove_after`, then while another verification of this node has not
+        """Wait :data:`REMOVE_AFTER`, then while another verification of this node has not
         made its cut (at most :data:`CUTS_FIRST`): a moved pod waits for those, not for this
         removal."""
-        await asyncio.sleep(self.remove_after)
+        await asyncio.sleep(REMOVE_AFTER)
         async with self._cut_made:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
